@@ -1,0 +1,91 @@
+package effectledger.gate_test
+
+import rego.v1
+
+import data.effectledger.gate
+
+contract := {
+	"tool": "email.send",
+	"revision": 3,
+	"effect_class": "RETRYABLE_WITH_KEY",
+	"provider_idempotency": true,
+	"queryable": true,
+	"allowed_recovery": ["RETRY_SAME_KEY"],
+	"has_arguments_schema": false,
+	"max_attempts": 3,
+	"lease_seconds": 60,
+	"retired": false,
+}
+
+base := {
+	"now": "2026-11-29T12:00:00.000000Z",
+	"principal": {"id": "agent-1", "tenant": "acme", "roles": ["agent"]},
+	"run": {"id": "run_1", "created_by": "agent-1", "revision": 4},
+	"request": {"tool": "email.send", "target": "mailto:bob@example.com", "idempotency_key": "k1", "arguments": {"subject": "hi"}},
+	"contract": contract,
+	"pinned_contract": null,
+	"effect": null,
+	"ledger": {"verdict": "NEW_EFFECT", "creates_attempt": true},
+	"run_open_effects": [],
+	"target_unknown_effects": [],
+}
+
+allow := {"outcome": "ALLOW", "reasons": []}
+
+# object.union merges deeply; replacing one top-level fact needs remove-then-union.
+with_fact(key, value) := object.union(object.remove(base, [key]), {key: value})
+
+test_allows_a_registered_tool_for_an_agent if {
+	gate.decision == allow with input as base
+}
+
+test_denies_an_unknown_tool if {
+	gate.decision == {"outcome": "DENY", "reasons": [{"code": "TOOL_UNKNOWN", "message": "no contract is registered for this tool"}]} with input as with_fact("contract", null)
+}
+
+test_denies_when_the_contract_is_absent_altogether if {
+	gate.decision.outcome == "DENY" with input as object.remove(base, ["contract"])
+}
+
+test_denies_a_retired_tool if {
+	gate.decision == {"outcome": "DENY", "reasons": [{"code": "TOOL_RETIRED", "message": "the tool is retired and can never be authorized"}]} with input as with_fact("contract", object.union(contract, {"retired": true}))
+}
+
+test_a_contract_without_the_retired_flag_counts_as_retired if {
+	gate.decision.outcome == "DENY" with input as with_fact("contract", object.remove(contract, ["retired"]))
+}
+
+test_denies_a_principal_without_the_agent_role if {
+	gate.decision == {"outcome": "DENY", "reasons": [{"code": "ROLE_NOT_AGENT", "message": "only an agent may authorize effects"}]} with input as with_fact("principal", {"id": "aud", "tenant": "acme", "roles": ["auditor"]})
+}
+
+test_denies_when_roles_are_missing if {
+	gate.decision.outcome == "DENY" with input as with_fact("principal", {"id": "x", "tenant": "acme"})
+}
+
+test_denies_a_new_effect_on_a_target_with_an_unknown_effect if {
+	unknown := {"effect_id": "eff_9", "run_id": "run_0", "idempotency_key": "k0"}
+	gate.decision == {"outcome": "DENY", "reasons": [{"code": "TARGET_HAS_UNKNOWN_EFFECT", "message": "effect eff_9 of the same tool on this target is UNKNOWN; reconcile it first"}]} with input as with_fact("target_unknown_effects", [unknown])
+}
+
+test_an_unknown_effect_elsewhere_does_not_block_a_retry_of_the_same_effect if {
+	unknown := {"effect_id": "eff_9", "run_id": "run_0", "idempotency_key": "k1"}
+	gate.decision == allow with input as object.union(with_fact("target_unknown_effects", [unknown]), {"ledger": {"verdict": "NEW_ATTEMPT"}})
+}
+
+test_requires_approval_for_an_irreversible_tool if {
+	gate.decision == {"outcome": "REQUIRE_APPROVAL", "reasons": [{"code": "IRREVERSIBLE_TOOL", "message": "an irreversible effect needs a human approval"}]} with input as with_fact("contract", object.union(contract, {"effect_class": "IRREVERSIBLE"}))
+}
+
+test_a_denial_wins_over_approval if {
+	gate.decision.outcome == "DENY" with input as with_fact("contract", object.union(contract, {"effect_class": "IRREVERSIBLE", "retired": true}))
+}
+
+test_denies_without_a_valid_clock if {
+	gate.decision.reasons == [{"code": "CLOCK_MISSING", "message": "the decision time is missing or malformed"}] with input as with_fact("now", "yesterday")
+}
+
+test_several_denials_are_sorted_by_code if {
+	codes := [r.code | some r in gate.decision.reasons] with input as object.union(with_fact("principal", {"id": "a", "tenant": "acme", "roles": []}), {"contract": null})
+	codes == ["ROLE_NOT_AGENT", "TOOL_UNKNOWN"]
+}

@@ -1,0 +1,5 @@
+import sys
+
+from effect_ledger.cli import main
+
+sys.exit(main())

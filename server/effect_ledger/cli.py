@@ -1,0 +1,321 @@
+"""The ``effect-ledger`` command: serve, migrate, principal add, verify, policy-test.
+
+Every flag can also be set as an ``EFFECT_LEDGER_<FLAG>`` environment variable
+(``--database-url`` -> ``EFFECT_LEDGER_DATABASE_URL``); a flag given on the command line wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import secrets
+import sys
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+from sqlalchemy import insert, select
+
+from effect_ledger.config import ServerSettings
+from effect_ledger.domain.canonical import canonical_bytes
+from effect_ledger.domain.contracts import check_identifier
+from effect_ledger.domain.model import Role
+from effect_ledger.domain.trace import first_break
+from effect_ledger.errors import InvalidArgument
+from effect_ledger.storage.engine import DatabaseSettings, create_sync, default_sqlite_url, normalize_url
+
+ENV_PREFIX = "EFFECT_LEDGER_"
+
+
+def _env(name: str, default: str = "") -> str:
+    return os.environ.get(ENV_PREFIX + name.upper().replace("-", "_"), default)
+
+
+def _database_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--database-url",
+        default=_env("database-url"),
+        help="postgresql://user@host/db or sqlite:///path (default: a SQLite file under ./.effect-ledger/)",
+    )
+
+
+def _database_url(options: argparse.Namespace) -> str:
+    return normalize_url(options.database_url or default_sqlite_url())
+
+
+def _migrate(url: str):
+    from effect_ledger.storage.migrate import check_durable_commits, upgrade_to_head
+
+    engine = create_sync(DatabaseSettings(url))
+    try:
+        check_durable_commits(engine)
+        upgrade_to_head(engine)
+    finally:
+        engine.dispose()
+
+
+# --- serve ---------------------------------------------------------------------------------
+
+
+def _build_policy(options: argparse.Namespace):
+    from effect_ledger.policy.embedded import EmbeddedRegoEngine
+    from effect_ledger.policy.engine import default_policy_dir
+    from effect_ledger.policy.remote import RemoteOpaEngine
+
+    if options.opa_url:
+        return RemoteOpaEngine(options.opa_url, timeout_seconds=options.opa_timeout_seconds), None
+    policy_dir = Path(options.policy_dir) if options.policy_dir else default_policy_dir()
+    engine = EmbeddedRegoEngine(policy_dir)
+
+    def reload() -> None:
+        try:
+            engine.reload()
+        except Exception as error:  # noqa: BLE001 - keep serving the previous policy
+            logging.getLogger(__name__).error("policy reload failed, previous policy kept: %s", error)
+
+    return engine, reload
+
+
+def command_serve(options: argparse.Namespace) -> int:
+    from effect_ledger.storage.engine import Database, create_async
+    from effect_ledger.transport.server import serve_forever
+
+    url = _database_url(options)
+    _migrate(url)
+    settings = ServerSettings(
+        listen=options.listen,
+        database_url=url,
+        policy_dir=options.policy_dir,
+        opa_url=options.opa_url,
+        opa_timeout_seconds=options.opa_timeout_seconds,
+        default_deadline_seconds=options.default_deadline_seconds,
+        maximum_concurrent_rpcs=options.maximum_concurrent_rpcs,
+        grace_seconds=options.grace_seconds,
+        lease_sweep_interval_seconds=options.lease_sweep_interval_seconds,
+        database_pool_size=options.database_pool_size,
+        port_file=options.port_file,
+    )
+    policy, reload = _build_policy(options)
+
+    async def main() -> None:
+        database = Database(create_async(DatabaseSettings(url, pool_size=settings.database_pool_size)))
+        await serve_forever(settings, database, policy, reload)
+
+    asyncio.run(main())
+    return 0
+
+
+# --- migrate, principal add ----------------------------------------------------------------
+
+
+def command_migrate(options: argparse.Namespace) -> int:
+    _migrate(_database_url(options))
+    print("database is at the newest schema")
+    return 0
+
+
+def add_principal(url: str, tenant: str, principal_id: str, roles: list[str]) -> str:
+    """Store a principal with a new bearer token; returns the token (stored only as its hash)."""
+    from effect_ledger.storage.schema import principals
+    from effect_ledger.transport.servicers import token_hash
+
+    check_identifier(tenant, "tenant")
+    check_identifier(principal_id, "id")
+    role_values = sorted({Role(role).value for role in roles})
+    token = "elt_" + secrets.token_urlsafe(32)
+    engine = create_sync(DatabaseSettings(url))
+    try:
+        with engine.begin() as connection:
+            exists = connection.execute(
+                select(principals.c.principal_id).where(
+                    principals.c.tenant_id == tenant, principals.c.principal_id == principal_id
+                )
+            ).first()
+            if exists is not None:
+                raise SystemExit(f"principal {principal_id!r} already exists in tenant {tenant!r}")
+            connection.execute(
+                insert(principals).values(
+                    tenant_id=tenant,
+                    principal_id=principal_id,
+                    token_hash=token_hash(token),
+                    roles=canonical_bytes(role_values).decode(),
+                    created_at=datetime.now(timezone.utc),
+                )
+            )
+    finally:
+        engine.dispose()
+    return token
+
+
+def set_roles(url: str, tenant: str, principal_id: str, roles: list[str]) -> None:
+    from sqlalchemy import update
+
+    from effect_ledger.storage.schema import principals
+
+    role_values = sorted({Role(role).value for role in roles})
+    engine = create_sync(DatabaseSettings(url))
+    try:
+        with engine.begin() as connection:
+            changed = connection.execute(
+                update(principals)
+                .where(principals.c.tenant_id == tenant, principals.c.principal_id == principal_id)
+                .values(roles=canonical_bytes(role_values).decode())
+            ).rowcount
+    finally:
+        engine.dispose()
+    if changed != 1:
+        raise SystemExit(f"no principal {principal_id!r} in tenant {tenant!r}")
+
+
+def command_principal_add(options: argparse.Namespace) -> int:
+    url = _database_url(options)
+    _migrate(url)
+    try:
+        token = add_principal(url, options.tenant, options.id, options.role)
+    except (InvalidArgument, ValueError) as error:
+        print(f"effect-ledger: {error}", file=sys.stderr)
+        return 2
+    print(token)
+    print(
+        f"# principal {options.id!r} in tenant {options.tenant!r} with roles {sorted(set(options.role))}; "
+        "the token is shown once and stored only as its hash",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def command_principal_set_roles(options: argparse.Namespace) -> int:
+    set_roles(_database_url(options), options.tenant, options.id, options.role)
+    print(f"roles of {options.id!r} are now {sorted(set(options.role))}")
+    return 0
+
+
+# --- verify --------------------------------------------------------------------------------
+
+
+def verify_chains(url: str) -> list[str]:
+    """Walk every run's hash chain; one line per run whose chain is broken."""
+    from effect_ledger.storage.schema import run_events, runs
+
+    engine = create_sync(DatabaseSettings(url))
+    problems = []
+    try:
+        with engine.connect() as connection:
+            for run in connection.execute(select(runs).order_by(runs.c.tenant_id, runs.c.run_id)).all():
+                rows = connection.execute(
+                    select(run_events)
+                    .where(run_events.c.tenant_id == run.tenant_id, run_events.c.run_id == run.run_id)
+                    .order_by(run_events.c.revision)
+                ).all()
+                events = [
+                    {
+                        "revision": row.revision,
+                        "type": row.type,
+                        "payload": json.loads(row.payload),
+                        "principal_id": row.principal_id,
+                        "created_at": row.created_at,
+                        "prev_hash": row.prev_hash,
+                        "hash": row.hash,
+                    }
+                    for row in rows
+                ]
+                found = first_break(run.tenant_id, run.run_id, events, run.revision, run.head_hash)
+                if found is not None:
+                    problems.append(
+                        f"tenant {run.tenant_id} run {found.run_id} revision {found.revision}: {found.problem}"
+                    )
+    finally:
+        engine.dispose()
+    return problems
+
+
+def command_verify(options: argparse.Namespace) -> int:
+    problems = verify_chains(_database_url(options))
+    for line in problems:
+        print(line)
+    if problems:
+        print(f"{len(problems)} run(s) with a broken hash chain", file=sys.stderr)
+        return 1
+    print("every run's hash chain verifies")
+    return 0
+
+
+def command_policy_test(options: argparse.Namespace) -> int:
+    from effect_ledger.policy.engine import default_policy_dir
+    from effect_ledger.policy.rego_tests import run_policy_tests
+
+    results = run_policy_tests(Path(options.policy_dir) if options.policy_dir else default_policy_dir())
+    for result in results:
+        print(f"{'PASS' if result.passed else 'FAIL'} {result.file}: {result.name} {result.detail[:200]}")
+    failed = sum(not r.passed for r in results)
+    print(f"{len(results) - failed} passed, {failed} failed")
+    return 1 if failed or not results else 0
+
+
+# --- the parser ----------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="effect-ledger", description="The effect ledger and final gate.")
+    parser.add_argument("--log-level", default=_env("log-level", "INFO"))
+    commands = parser.add_subparsers(dest="command")
+
+    serve = commands.add_parser("serve", help="run the gRPC server (applies migrations first)")
+    _database_argument(serve)
+    serve.add_argument("--listen", default=_env("listen", "127.0.0.1:50051"))
+    serve.add_argument("--policy-dir", default=_env("policy-dir"), help="Rego policy folder (default: packaged)")
+    serve.add_argument("--opa-url", default=_env("opa-url"), help="evaluate with a real OPA server instead")
+    serve.add_argument("--opa-timeout-seconds", type=float, default=float(_env("opa-timeout-seconds", "0.5")))
+    serve.add_argument("--default-deadline-seconds", type=float, default=float(_env("default-deadline-seconds", "10")))
+    serve.add_argument("--maximum-concurrent-rpcs", type=int, default=int(_env("maximum-concurrent-rpcs", "256")))
+    serve.add_argument("--grace-seconds", type=float, default=float(_env("grace-seconds", "10")))
+    serve.add_argument("--lease-sweep-interval-seconds", type=float, default=float(_env("lease-sweep-interval-seconds", "1")))
+    serve.add_argument("--database-pool-size", type=int, default=int(_env("database-pool-size", "10")))
+    serve.add_argument("--port-file", default=_env("port-file"), help="write the bound port here")
+    serve.set_defaults(handler=command_serve)
+
+    migrate = commands.add_parser("migrate", help="apply database migrations")
+    _database_argument(migrate)
+    migrate.set_defaults(handler=command_migrate)
+
+    principal = commands.add_parser("principal", help="manage principals")
+    principal_commands = principal.add_subparsers(dest="principal_command", required=True)
+    for name, handler, help_text in (
+        ("add", command_principal_add, "add a principal and print its bearer token once"),
+        ("set-roles", command_principal_set_roles, "replace a principal's roles"),
+    ):
+        sub = principal_commands.add_parser(name, help=help_text)
+        _database_argument(sub)
+        sub.add_argument("--tenant", required=True)
+        sub.add_argument("--id", required=True)
+        sub.add_argument("--role", action="append", required=True, choices=[r.value for r in Role])
+        sub.set_defaults(handler=handler)
+
+    verify = commands.add_parser("verify", help="walk every run's hash chain")
+    _database_argument(verify)
+    verify.set_defaults(handler=command_verify)
+
+    policy_test = commands.add_parser("policy-test", help="run the policy's _test.rego files")
+    policy_test.add_argument("--policy-dir", default=_env("policy-dir"))
+    policy_test.set_defaults(handler=command_policy_test)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    options = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, str(options.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    if options.command is None:
+        options = parser.parse_args(["serve", *(argv or [])])
+    return options.handler(options)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

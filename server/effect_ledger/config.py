@@ -1,0 +1,41 @@
+"""Configuration: command-line flags, then EFFECT_LEDGER_* environment variables, then defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Limits on everything a client can send or ask for (TigerStyle: every bound is named)."""
+
+    arguments_size_max_bytes: int = 64 * 1024
+    receipt_detail_size_max_bytes: int = 64 * 1024
+    message_size_max_bytes: int = 4 * 1024 * 1024
+    page_size_default: int = 100
+    page_size_max: int = 500
+    events_page_size_default: int = 200
+    events_page_size_max: int = 1000
+    run_open_effects_in_policy_max: int = 100
+    target_unknown_effects_in_policy_max: int = 20
+    labels_max: int = 32
+    lease_sweep_batch_max: int = 100
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    listen: str = "127.0.0.1:50051"
+    database_url: str = ""
+    policy_dir: str = ""
+    opa_url: str = ""
+    opa_timeout_seconds: float = 0.5
+    # A call that brings no deadline gets this one.
+    default_deadline_seconds: float = 10.0
+    # gRPC-level concurrency ceiling; beyond it calls get RESOURCE_EXHAUSTED at once.
+    maximum_concurrent_rpcs: int = 256
+    grace_seconds: float = 10.0
+    lease_sweep_interval_seconds: float = 1.0
+    health_check_interval_seconds: float = 1.0
+    database_pool_size: int = 10
+    port_file: str = ""
+    limits: Limits = Limits()

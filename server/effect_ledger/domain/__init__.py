@@ -1,0 +1,1 @@
+"""Pure rules: no protobuf, no gRPC context, no database session. Plain values in, decisions out."""

@@ -1,0 +1,157 @@
+"""Strict JSON in, RFC 8785 canonical JSON and SHA-256 digests out.
+
+Client JSON is parsed strictly, so that two byte strings the service accepts as "the same
+arguments" always canonicalize to the same digest, and anything ambiguous is refused:
+
+- invalid UTF-8, a byte-order mark, trailing garbage, NaN/Infinity: refused;
+- duplicate object keys: refused (which value would be meant?);
+- a number whose decimal text does not survive the trip through an IEEE double (such as
+  12345678901234567891 or 0.1000000000000000000001): refused, because RFC 8785 serializes
+  numbers as doubles and the digest would silently cover a different value. Integers beyond
+  2^53 that a double holds exactly (2^60) are kept as that double.
+- nesting deeper than ``depth_max`` and payloads over ``size_max_bytes``: refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from decimal import Decimal
+from typing import Any
+
+import rfc8785
+
+from effect_ledger.errors import InvalidArgument
+
+SAFE_INTEGER_MAX = 2**53 - 1
+DEPTH_MAX = 32
+
+
+class _Refused(ValueError):
+    """Raised inside the JSON decoder hooks; becomes InvalidArgument at the boundary."""
+
+
+def _reject_constant(name: str) -> Any:
+    raise _Refused(f"{name} is not JSON")
+
+
+def _as_double(text: str) -> float:
+    """The double a JSON number denotes, if the text survives the trip through one.
+
+    Accepted: the text is the double's shortest round-trip form (0.1) or its exact value
+    (1152921504606846976 = 2**60). Refused: anything a double would silently change.
+    """
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Refused(f"the number {text[:40]} is out of a double's range")
+    exact = Decimal(text)
+    if exact != Decimal(repr(value)) and exact != Decimal(value):
+        raise _Refused(f"the number {text[:40]} cannot be held exactly by a double")
+    return value
+
+
+def _parse_int(text: str) -> int | float:
+    value = int(text)
+    if -SAFE_INTEGER_MAX <= value <= SAFE_INTEGER_MAX:
+        return value
+    return _as_double(text)
+
+
+def _parse_float(text: str) -> float:
+    return _as_double(text)
+
+
+def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise _Refused(f"duplicate key {key[:40]!r}")
+        result[key] = value
+    return result
+
+
+_DECODER = json.JSONDecoder(
+    object_pairs_hook=_object_without_duplicates,
+    parse_int=_parse_int,
+    parse_float=_parse_float,
+    parse_constant=_reject_constant,
+)
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth, computed without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        deepest = max(deepest, level)
+        if isinstance(item, dict):
+            stack.extend((child, level + 1) for child in item.values())
+        elif isinstance(item, list):
+            stack.extend((child, level + 1) for child in item)
+    return deepest
+
+
+def parse_json(
+    raw: bytes,
+    *,
+    field: str,
+    size_max_bytes: int,
+    require_object: bool = True,
+    allow_empty: bool = False,
+) -> Any:
+    """Parse client JSON strictly; raise InvalidArgument naming ``field`` on any refusal."""
+    if len(raw) == 0:
+        if allow_empty:
+            return None
+        raise InvalidArgument.field(field, "is required", reason="JSON_REQUIRED")
+    if len(raw) > size_max_bytes:
+        raise InvalidArgument.field(
+            field, f"is {len(raw)} bytes; at most {size_max_bytes} allowed", reason="JSON_TOO_LARGE"
+        )
+    try:
+        text = raw.decode("utf-8", errors="strict")
+    except UnicodeDecodeError as error:
+        raise InvalidArgument.field(
+            field, f"is not valid UTF-8 (byte {error.start})", reason="JSON_INVALID_UTF8"
+        ) from None
+    try:
+        value, end = _DECODER.raw_decode(text.strip(" \t\r\n"))
+        if end != len(text.strip(" \t\r\n")):
+            raise _Refused("extra data after the JSON value")
+    except _Refused as error:
+        raise InvalidArgument.field(field, str(error), reason="JSON_INVALID") from None
+    except (json.JSONDecodeError, RecursionError) as error:
+        raise InvalidArgument.field(field, f"is not JSON: {error}", reason="JSON_INVALID") from None
+    if require_object and not isinstance(value, dict):
+        raise InvalidArgument.field(field, "must be a JSON object", reason="JSON_NOT_OBJECT")
+    if _depth(value) > DEPTH_MAX:
+        raise InvalidArgument.field(
+            field, f"nests deeper than {DEPTH_MAX} levels", reason="JSON_TOO_DEEP"
+        )
+    return value
+
+
+def canonical_bytes(value: Any) -> bytes:
+    """RFC 8785 (JCS) canonical form of a value already accepted by parse_json or built here."""
+    return rfc8785.dumps(value)
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def digest(value: Any) -> str:
+    return sha256_hex(canonical_bytes(value))
+
+
+def intent_digest(*, tool: str, tool_revision: int, target: str, arguments: dict[str, Any]) -> str:
+    """The identity of an intended effect: what runs where with which arguments, under which contract."""
+    return digest(
+        {"tool": tool, "tool_revision": tool_revision, "target": target, "arguments": arguments}
+    )
+
+
+def receipt_digest(*, provider_reference: str, detail: Any) -> str:
+    return digest({"provider_reference": provider_reference, "detail": detail})

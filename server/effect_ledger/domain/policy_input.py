@@ -1,0 +1,89 @@
+"""The policy input: built by the server from its own ledger, never from what a client says.
+
+Client data appears only under ``request`` (the intent as asked: tool name, target, key and
+arguments). Everything else (principal, run, contracts, the effect and its attempts, the run's
+open effects, unknown effects on the target, the ledger's verdict, the time) is read from the
+ledger in the same transaction as the decision. See docs/policy-input.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from effect_ledger.domain.lifecycle import LedgerVerdict, counted_attempts
+from effect_ledger.domain.model import Effect, Principal, Run, ToolContract
+from effect_ledger.domain.trace import timestamp_text
+
+INPUT_VERSION = 1
+
+
+def effect_fact(effect: Effect) -> dict[str, Any]:
+    return {
+        "effect_id": effect.effect_id,
+        "run_id": effect.run_id,
+        "stage": effect.stage.value,
+        "tool_revision": effect.tool_revision,
+        "attempt_count": counted_attempts(effect.attempts),
+        "attempts": [
+            {
+                "number": attempt.number,
+                "stage": attempt.stage.value,
+                "provider_key_reused": attempt.provider_key_reused,
+                "failure_evidence": attempt.failure_evidence.value if attempt.failure_evidence else None,
+            }
+            for attempt in effect.attempts
+        ],
+    }
+
+
+def build_policy_input(
+    *,
+    now: Any,
+    principal: Principal,
+    run: Run,
+    tool: str,
+    target: str,
+    idempotency_key: str,
+    arguments: dict[str, Any],
+    intent_digest: str,
+    contract: ToolContract | None,
+    pinned_contract: ToolContract | None,
+    effect: Effect | None,
+    verdict: LedgerVerdict,
+    run_open_effects: list[dict[str, Any]],
+    run_open_effects_limit: int,
+    target_unknown_effects: list[dict[str, Any]],
+) -> dict[str, Any]:
+    return {
+        "version": INPUT_VERSION,
+        "now": timestamp_text(now),
+        "principal": {
+            "id": principal.principal_id,
+            "tenant": principal.tenant_id,
+            "roles": sorted(role.value for role in principal.roles),
+        },
+        "run": {
+            "id": run.run_id,
+            "created_by": run.created_by,
+            "revision": run.revision,
+            "labels": run.labels,
+        },
+        "request": {
+            "tool": tool,
+            "target": target,
+            "idempotency_key": idempotency_key,
+            "intent_digest": intent_digest,
+            "arguments": arguments,
+        },
+        "contract": contract.as_policy_fact() if contract is not None else None,
+        "pinned_contract": pinned_contract.as_policy_fact() if pinned_contract is not None else None,
+        "effect": effect_fact(effect) if effect is not None else None,
+        "ledger": {
+            "verdict": verdict.kind.value,
+            "creates_attempt": verdict.kind.creates_attempt,
+            "reasons": [reason.as_json() for reason in verdict.reasons],
+        },
+        "run_open_effects": run_open_effects,
+        "run_open_effects_truncated": len(run_open_effects) >= run_open_effects_limit,
+        "target_unknown_effects": target_unknown_effects,
+    }

@@ -1,0 +1,627 @@
+"""The final gate and the reports about the attempts it authorized.
+
+Every function here runs inside one unit of work (one database transaction): whatever it
+decides is written together with the decision record and the trace events, or not at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from effect_ledger.config import Limits
+from effect_ledger.domain import lifecycle
+from effect_ledger.domain.canonical import canonical_bytes, intent_digest, parse_json, receipt_digest, sha256_hex
+from effect_ledger.domain.contracts import (
+    argument_violations,
+    check_identifier,
+    check_target,
+    check_text,
+    check_tool_name,
+)
+from effect_ledger.domain.lifecycle import LedgerVerdict, Report, ReportKind, VerdictKind
+from effect_ledger.domain.model import (
+    Attempt,
+    Decision,
+    Effect,
+    FailureEvidence,
+    Outcome,
+    Principal,
+    Reason,
+    Receipt,
+    Stage,
+    ToolContract,
+)
+from effect_ledger.domain.policy_input import build_policy_input
+from effect_ledger.errors import (
+    CommitThenRaise,
+    Conflict,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PreconditionViolation,
+)
+from effect_ledger.policy.engine import PolicyEngine
+from effect_ledger.storage import repository as repo
+from effect_ledger.storage.engine import UnitOfWork
+
+LEDGER_ENGINE = "ledger"
+SYSTEM_SWEEPER = "system:lease-sweeper"
+
+
+@dataclass(frozen=True)
+class AuthorizeRequest:
+    run_id: str
+    tool: str
+    arguments_json: bytes
+    idempotency_key: str
+    target: str
+
+
+@dataclass(frozen=True)
+class AuthorizeResult:
+    outcome: Outcome
+    effect_id: str
+    attempt: Attempt | None
+    intent_digest: str
+    reasons: tuple[Reason, ...]
+    decision_id: str
+    policy_revision: str
+    receipt: Receipt | None
+    tool_revision: int
+    effect_stage: Stage | None
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    attempt: Attempt
+    effect_stage: Stage
+    changed: bool
+
+
+def validate_authorize(request: AuthorizeRequest, limits: Limits) -> dict[str, Any]:
+    """Input checks that need no database; returns the parsed arguments."""
+    check_identifier(request.run_id, "run_id")
+    check_tool_name(request.tool)
+    check_identifier(request.idempotency_key, "idempotency_key")
+    check_target(request.target)
+    return parse_json(
+        request.arguments_json, field="arguments_json", size_max_bytes=limits.arguments_size_max_bytes
+    )
+
+
+def parse_receipt(
+    provider_reference: str, detail_json: bytes, now: Any, limits: Limits, field: str
+) -> Receipt:
+    check_text(provider_reference, f"{field}.provider_reference", required=True, length_max=512)
+    detail = parse_json(
+        detail_json,
+        field=f"{field}.detail_json",
+        size_max_bytes=limits.receipt_detail_size_max_bytes,
+        allow_empty=True,
+    )
+    detail = {} if detail is None else detail
+    return Receipt(
+        provider_reference=provider_reference,
+        detail=detail,
+        digest=receipt_digest(provider_reference=provider_reference, detail=detail),
+        recorded_at=now,
+    )
+
+
+def _receipt_fact(receipt: Receipt | None) -> dict[str, Any] | None:
+    if receipt is None:
+        return None
+    return {"provider_reference": receipt.provider_reference, "digest": receipt.digest}
+
+
+# --- leases --------------------------------------------------------------------------------
+
+
+def expired_in_memory(effect: Effect, now: Any) -> list[tuple[Attempt, Stage]]:
+    """Turn attempts whose lease ran out UNKNOWN (in memory); returns (attempt, stage before)."""
+    changed = []
+    for attempt in effect.attempts:
+        if lifecycle.lease_expired(attempt, now):
+            changed.append((attempt, attempt.stage))
+            attempt.outcome_reason = f"lease expired while {attempt.stage.value}; the effect may have happened"
+            attempt.stage = Stage.UNKNOWN
+    if changed:
+        effect.stage = lifecycle.effect_stage(effect.attempts)
+        effect.updated_at = now
+    return changed
+
+
+def expire_leases(unit: UnitOfWork, tenant_id: str, effect: Effect, principal_id: str) -> list[Attempt]:
+    """Expire leases by the database clock and record each expiry in the run's trace."""
+    changed = expired_in_memory(effect, unit.now)
+    for attempt, previous in changed:
+        unit.record_event(
+            tenant_id,
+            effect.run_id,
+            "attempt.lease_expired",
+            {
+                "effect_id": effect.effect_id,
+                "attempt_id": attempt.attempt_id,
+                "from": previous.value,
+                "lease_expires_at": attempt.lease_expires_at.isoformat(),
+            },
+            principal_id,
+        )
+    return [attempt for attempt, _ in changed]
+
+
+async def _save(unit: UnitOfWork, tenant_id: str, effect: Effect, attempts: list[Attempt]) -> None:
+    for attempt in attempts:
+        await repo.save_attempt(unit.connection, tenant_id, attempt)
+    await repo.save_effect_state(unit.connection, tenant_id, effect)
+
+
+async def _lease_seconds(unit: UnitOfWork, tenant_id: str, effect: Effect) -> int:
+    contract = await repo.contract_revision(unit.connection, tenant_id, effect.tool, effect.tool_revision)
+    assert contract is not None, "an effect's pinned contract revision is never deleted"
+    return contract.lease_seconds
+
+
+async def _locked_effect(unit: UnitOfWork, principal: Principal, effect_id: str) -> Effect:
+    effect = await repo.effect_by_id(unit.connection, principal.tenant_id, effect_id, lock=True)
+    if effect is None:
+        raise NotFound("effect", effect_id)
+    expired = expire_leases(unit, principal.tenant_id, effect, principal.principal_id)
+    if expired:
+        await _save(unit, principal.tenant_id, effect, expired)
+    return effect
+
+
+# --- AuthorizeEffect -----------------------------------------------------------------------
+
+
+class Gate:
+    def __init__(self, policy: PolicyEngine, limits: Limits) -> None:
+        self.policy = policy
+        self.limits = limits
+
+    async def authorize(
+        self, unit: UnitOfWork, principal: Principal, request: AuthorizeRequest, arguments: dict[str, Any]
+    ) -> AuthorizeResult:
+        tenant = principal.tenant_id
+        connection = unit.connection
+        run = await repo.get_run(connection, tenant, request.run_id)
+        if run is None:
+            raise NotFound("run", request.run_id)
+        effect = await repo.effect_by_key(connection, tenant, request.idempotency_key, lock=True)
+        current = await repo.latest_contract(connection, tenant, request.tool)
+        if effect is not None:
+            expired = expire_leases(unit, tenant, effect, principal.principal_id)
+            if expired:
+                await _save(unit, tenant, effect, expired)
+            pinned = (
+                current
+                if current is not None and current.tool == effect.tool and current.revision == effect.tool_revision
+                else await repo.contract_revision(connection, tenant, effect.tool, effect.tool_revision)
+            )
+            revision = effect.tool_revision
+        else:
+            pinned = current
+            revision = current.revision if current is not None else 0
+        digest = intent_digest(
+            tool=request.tool, tool_revision=revision, target=request.target, arguments=arguments
+        )
+        verdict = lifecycle.ledger_verdict(effect, pinned, digest)
+        if verdict.kind == VerdictKind.KEY_REUSED:
+            await self._refuse_reused_key(unit, principal, request, effect, digest, verdict)
+        if verdict.kind == VerdictKind.NEW_EFFECT and current is not None and current.arguments_schema:
+            violations = argument_violations(current.arguments_schema, arguments)
+            if violations:
+                raise InvalidArgument(
+                    "the arguments do not satisfy the tool's arguments schema",
+                    reason="ARGUMENTS_SCHEMA_VIOLATION",
+                    violations=violations,
+                )
+        policy_input = build_policy_input(
+            now=unit.now,
+            principal=principal,
+            run=run,
+            tool=request.tool,
+            target=request.target,
+            idempotency_key=request.idempotency_key,
+            arguments=arguments,
+            intent_digest=digest,
+            contract=current,
+            pinned_contract=pinned if effect is not None else None,
+            effect=effect,
+            verdict=verdict,
+            run_open_effects=await repo.open_effect_summaries(
+                connection, tenant, run.run_id, self.limits.run_open_effects_in_policy_max
+            ),
+            run_open_effects_limit=self.limits.run_open_effects_in_policy_max,
+            target_unknown_effects=[
+                item
+                for item in await repo.unknown_effects_on_target(
+                    connection, tenant, request.tool, request.target,
+                    self.limits.target_unknown_effects_in_policy_max,
+                )
+                if effect is None or item["effect_id"] != effect.effect_id
+            ],
+        )
+        policy_decision = await self.policy.evaluate(policy_input)
+        outcome, reasons = combine(verdict, policy_decision.outcome, policy_decision.reasons, current, pinned)
+        input_bytes = canonical_bytes(policy_input)
+        decision = Decision(
+            decision_id=repo.new_id("dec"),
+            run_id=run.run_id,
+            effect_id=effect.effect_id if effect is not None else None,
+            attempt_id=None,
+            outcome=outcome,
+            reasons=reasons,
+            policy_revision=policy_decision.revision,
+            engine=policy_decision.engine,
+            input_digest=sha256_hex(input_bytes),
+            input_json=input_bytes,
+            intent_digest=digest,
+            idempotency_key=request.idempotency_key,
+            principal_id=principal.principal_id,
+            tool=request.tool,
+            created_at=unit.now,
+        )
+        attempt = None
+        if outcome == Outcome.ALLOW:
+            assert pinned is not None  # combine() never allows without a contract
+            effect, attempt = await self._create_attempt(
+                unit, principal, request, arguments, digest, pinned, effect, verdict, decision.decision_id
+            )
+            decision = replace(decision, effect_id=effect.effect_id, attempt_id=attempt.attempt_id)
+        await repo.insert_decision(connection, tenant, decision)
+        return AuthorizeResult(
+            outcome=outcome,
+            effect_id=effect.effect_id if effect is not None else "",
+            attempt=attempt,
+            intent_digest=digest,
+            reasons=reasons,
+            decision_id=decision.decision_id,
+            policy_revision=policy_decision.revision,
+            receipt=effect.receipt if (effect is not None and outcome == Outcome.DUPLICATE) else None,
+            tool_revision=revision,
+            effect_stage=effect.stage if effect is not None else None,
+        )
+
+    async def _refuse_reused_key(
+        self,
+        unit: UnitOfWork,
+        principal: Principal,
+        request: AuthorizeRequest,
+        effect: Effect | None,
+        digest: str,
+        verdict: LedgerVerdict,
+    ) -> None:
+        """Record the refusal, commit it, and answer FAILED_PRECONDITION: never ALLOW."""
+        assert effect is not None
+        decision_id = repo.new_id("dec")
+        facts = {"idempotency_key": request.idempotency_key, "bound_digest": effect.intent_digest, "request_digest": digest}
+        input_bytes = canonical_bytes(facts)
+        await repo.insert_decision(
+            unit.connection,
+            principal.tenant_id,
+            Decision(
+                decision_id=decision_id,
+                run_id=request.run_id,
+                effect_id=effect.effect_id,
+                attempt_id=None,
+                outcome=Outcome.DENY,
+                reasons=verdict.reasons,
+                policy_revision=await self.policy.revision(),
+                engine=LEDGER_ENGINE,
+                input_digest=sha256_hex(input_bytes),
+                input_json=input_bytes,
+                intent_digest=digest,
+                idempotency_key=request.idempotency_key,
+                principal_id=principal.principal_id,
+                tool=request.tool,
+                created_at=unit.now,
+            ),
+        )
+        raise CommitThenRaise(
+            FailedPrecondition(
+                "the idempotency key is bound to a different intent (tool, target or arguments)",
+                reason="IDEMPOTENCY_KEY_REUSED",
+                violations=[
+                    PreconditionViolation(
+                        "IDEMPOTENCY_KEY_REUSED",
+                        f"effect/{effect.effect_id}",
+                        f"key {request.idempotency_key!r} is bound to digest {effect.intent_digest}",
+                    )
+                ],
+                metadata={"effect_id": effect.effect_id, "decision_id": decision_id, "bound_digest": effect.intent_digest},
+            )
+        )
+
+    async def _create_attempt(
+        self,
+        unit: UnitOfWork,
+        principal: Principal,
+        request: AuthorizeRequest,
+        arguments: dict[str, Any],
+        digest: str,
+        contract: ToolContract,
+        effect: Effect | None,
+        verdict: LedgerVerdict,
+        decision_id: str,
+    ) -> tuple[Effect, Attempt]:
+        tenant = principal.tenant_id
+        created = effect is None
+        if effect is None:
+            effect = Effect(
+                effect_id=repo.new_id("eff"),
+                run_id=request.run_id,
+                tool=request.tool,
+                tool_revision=contract.revision,
+                target=request.target,
+                idempotency_key=request.idempotency_key,
+                intent_digest=digest,
+                arguments=arguments,
+                stage=Stage.AUTHORIZED,
+                created_at=unit.now,
+                updated_at=unit.now,
+            )
+            if not await repo.insert_effect_if_absent(unit.connection, tenant, effect):
+                # Another replica bound the key first: start over and answer from its effect.
+                raise Conflict("the idempotency key was bound concurrently")
+        attempt = Attempt(
+            attempt_id=repo.new_id("att"),
+            effect_id=effect.effect_id,
+            number=len(effect.attempts) + 1,
+            stage=Stage.AUTHORIZED,
+            provider_key=lifecycle.provider_key_for_new_attempt(
+                effect.effect_id, effect.attempts, verdict.reuse_provider_key
+            ),
+            provider_key_reused=verdict.reuse_provider_key,
+            lease_expires_at=lifecycle.lease_until(unit.now, contract.lease_seconds),
+            authorized_at=unit.now,
+            decision_id=decision_id,
+        )
+        await repo.insert_attempt(unit.connection, tenant, attempt)
+        effect.attempts.append(attempt)
+        effect.stage = lifecycle.effect_stage(effect.attempts)
+        effect.updated_at = unit.now
+        if not created:
+            await repo.save_effect_state(unit.connection, tenant, effect)
+        unit.record_event(
+            tenant,
+            effect.run_id,
+            "effect.authorized" if created else "attempt.authorized",
+            {
+                "effect_id": effect.effect_id,
+                "attempt_id": attempt.attempt_id,
+                "attempt_number": attempt.number,
+                "decision_id": decision_id,
+                "tool": effect.tool,
+                "tool_revision": effect.tool_revision,
+                "target": effect.target,
+                "idempotency_key": effect.idempotency_key,
+                "intent_digest": effect.intent_digest,
+                "provider_key_reused": attempt.provider_key_reused,
+                "lease_expires_at": attempt.lease_expires_at.isoformat(),
+            },
+            principal.principal_id,
+        )
+        return effect, attempt
+
+    # --- reports ---------------------------------------------------------------------------
+
+    async def report(
+        self, unit: UnitOfWork, principal: Principal, attempt_id: str, report: Report
+    ) -> AttemptResult:
+        tenant = principal.tenant_id
+        effect, attempt = await self._locked_attempt(unit, principal, attempt_id)
+        transition = lifecycle.apply_report(attempt, report)
+        event_payload = {
+            "effect_id": effect.effect_id,
+            "attempt_id": attempt.attempt_id,
+            "report": report.kind.value,
+            "reason": report.reason,
+            "failure_evidence": report.failure_evidence.value if report.failure_evidence else None,
+            "receipt": _receipt_fact(report.receipt),
+            "stage_before": attempt.stage.value,
+        }
+        if transition.refused:
+            unit.record_event(
+                tenant, effect.run_id, "attempt.report_refused",
+                {**event_payload, "refused_reason": transition.refused_reason}, principal.principal_id,
+            )
+            raise CommitThenRaise(_refusal(transition.refused_reason, transition.refused_message, attempt))
+        if not transition.applied:
+            if report.kind.value != attempt.stage.value:
+                unit.record_event(
+                    tenant, effect.run_id, "attempt.report_superseded", event_payload, principal.principal_id
+                )
+            return AttemptResult(attempt, effect.stage, changed=False)
+        self._apply(unit, effect, attempt, transition.stage, report)
+        if transition.stage == Stage.DISPATCHED:
+            # The lease restarts at dispatch, so a long call can heartbeat from here.
+            attempt.lease_expires_at = lifecycle.lease_until(unit.now, await _lease_seconds(unit, tenant, effect))
+        await _save(unit, tenant, effect, [attempt])
+        unit.record_event(
+            tenant, effect.run_id, f"attempt.{transition.stage.value.lower()}",
+            {**event_payload, "stage": transition.stage.value}, principal.principal_id,
+        )
+        return AttemptResult(attempt, effect.stage, changed=True)
+
+    def _apply(self, unit: UnitOfWork, effect: Effect, attempt: Attempt, stage: Stage, report: Report) -> None:
+        attempt.stage = stage
+        if stage == Stage.DISPATCHED:
+            attempt.dispatched_at = unit.now
+        else:
+            attempt.finished_at = unit.now
+            attempt.outcome_reason = report.reason
+            attempt.failure_evidence = report.failure_evidence
+            attempt.receipt = report.receipt
+        effect.stage = lifecycle.effect_stage(effect.attempts)
+        effect.updated_at = unit.now
+
+    async def renew_lease(self, unit: UnitOfWork, principal: Principal, attempt_id: str) -> AttemptResult:
+        effect, attempt = await self._locked_attempt(unit, principal, attempt_id)
+        if attempt.stage == Stage.UNKNOWN:
+            raise CommitThenRaise(
+                _refusal("LEASE_EXPIRED", "the lease ran out; the attempt is UNKNOWN now", attempt)
+            )
+        if attempt.stage not in (Stage.AUTHORIZED, Stage.DISPATCHED):
+            raise _refusal("ATTEMPT_NOT_OPEN", f"the attempt is {attempt.stage.value}", attempt)
+        lease_seconds = await _lease_seconds(unit, principal.tenant_id, effect)
+        attempt.lease_expires_at = lifecycle.lease_until(unit.now, lease_seconds)
+        await repo.save_attempt(unit.connection, principal.tenant_id, attempt)
+        return AttemptResult(attempt, effect.stage, changed=True)
+
+    async def _locked_attempt(
+        self, unit: UnitOfWork, principal: Principal, attempt_id: str
+    ) -> tuple[Effect, Attempt]:
+        check_identifier(attempt_id, "attempt_id")
+        effect_id = await repo.effect_id_of_attempt(unit.connection, principal.tenant_id, attempt_id)
+        if effect_id is None:
+            raise NotFound("attempt", attempt_id)
+        effect = await _locked_effect(unit, principal, effect_id)
+        attempt = next(a for a in effect.attempts if a.attempt_id == attempt_id)
+        return effect, attempt
+
+    # --- reconciliation --------------------------------------------------------------------
+
+    async def reconcile(
+        self,
+        unit: UnitOfWork,
+        principal: Principal,
+        effect_id: str,
+        receipt: Receipt | None,
+        not_happened_reason: str,
+    ) -> Effect:
+        check_identifier(effect_id, "effect_id")
+        tenant = principal.tenant_id
+        effect = await _locked_effect(unit, principal, effect_id)
+        evidence_stage = Stage.SUCCEEDED if receipt is not None else Stage.FAILED
+        result = lifecycle.reconcile(effect, evidence_stage, receipt)
+        payload = {
+            "effect_id": effect.effect_id,
+            "evidence": evidence_stage.value,
+            "receipt": _receipt_fact(receipt),
+            "reason": not_happened_reason,
+            "stage_before": effect.stage.value,
+        }
+        if result.refused_reason:
+            unit.record_event(
+                tenant, effect.run_id, "effect.reconcile_refused",
+                {**payload, "refused_reason": result.refused_reason}, principal.principal_id,
+            )
+            raise CommitThenRaise(
+                FailedPrecondition(
+                    result.refused_message,
+                    reason=result.refused_reason,
+                    violations=[PreconditionViolation(result.refused_reason, f"effect/{effect_id}", result.refused_message)],
+                    metadata={"effect_id": effect_id, "stage": effect.stage.value},
+                )
+            )
+        if not result.applied:
+            return effect
+        settled = [a for a in effect.attempts if a.attempt_id in result.settled_attempts]
+        for attempt in settled:
+            attempt.stage = evidence_stage
+            attempt.finished_at = unit.now
+            if receipt is not None:
+                attempt.receipt = receipt
+                attempt.outcome_reason = "reconciled with a receipt"
+            else:
+                attempt.failure_evidence = FailureEvidence.PROVIDER_REJECTED
+                attempt.outcome_reason = f"reconciled: {not_happened_reason}"
+        effect.stage = lifecycle.effect_stage(effect.attempts)
+        effect.updated_at = unit.now
+        effect.reconciled_by = principal.principal_id
+        effect.reconcile_reason = not_happened_reason if receipt is None else "receipt"
+        await _save(unit, tenant, effect, settled)
+        unit.record_event(
+            tenant, effect.run_id, "effect.reconciled",
+            {**payload, "attempts": list(result.settled_attempts), "stage": effect.stage.value},
+            principal.principal_id,
+        )
+        return effect
+
+    # --- reads -----------------------------------------------------------------------------
+
+    async def get_effect(self, unit: UnitOfWork, principal: Principal, effect_id: str) -> Effect:
+        check_identifier(effect_id, "effect_id")
+        effect = await repo.effect_by_id(unit.connection, principal.tenant_id, effect_id, lock=False)
+        if effect is None:
+            raise NotFound("effect", effect_id)
+        expired_in_memory(effect, unit.now)  # shown now; recorded by the sweeper or the next writer
+        return effect
+
+    async def list_open_effects(
+        self, unit: UnitOfWork, principal: Principal, run_id: str, after_effect_id: str, page_size: int
+    ) -> list[Effect]:
+        check_identifier(run_id, "run_id")
+        if await repo.get_run(unit.connection, principal.tenant_id, run_id) is None:
+            raise NotFound("run", run_id)
+        found = await repo.open_effects_of_run(
+            unit.connection, principal.tenant_id, run_id, after_effect_id, page_size
+        )
+        for effect in found:
+            expired_in_memory(effect, unit.now)
+        return found
+
+    async def get_decision(self, unit: UnitOfWork, principal: Principal, decision_id: str) -> Decision:
+        check_identifier(decision_id, "decision_id")
+        decision = await repo.get_decision(unit.connection, principal.tenant_id, decision_id)
+        if decision is None:
+            raise NotFound("decision", decision_id)
+        return decision
+
+
+def combine(
+    verdict: LedgerVerdict,
+    policy_outcome: Outcome,
+    policy_reasons: tuple[Reason, ...],
+    current: ToolContract | None,
+    pinned: ToolContract | None,
+) -> tuple[Outcome, tuple[Reason, ...]]:
+    """The final answer from the ledger's verdict and the policy's decision.
+
+    Policy can only narrow: the ledger's own answers (DUPLICATE, RECONCILE_REQUIRED, the retry
+    limit) stand whatever policy says, and an ALLOW needs a live contract, whatever policy says.
+    """
+    if not verdict.kind.creates_attempt:
+        ledger_outcome = {
+            VerdictKind.DUPLICATE: Outcome.DUPLICATE,
+            VerdictKind.RECONCILE_REQUIRED: Outcome.RECONCILE_REQUIRED,
+            VerdictKind.RETRY_LIMIT_EXCEEDED: Outcome.DENY,
+        }[verdict.kind]
+        extra = policy_reasons if policy_outcome != Outcome.ALLOW else ()
+        return ledger_outcome, verdict.reasons + extra
+    binding: list[Reason] = []
+    if current is None:
+        binding.append(Reason("TOOL_UNKNOWN", "no contract is registered for this tool"))
+    elif current.retired:
+        binding.append(Reason("TOOL_RETIRED", "the tool is retired and can never be authorized"))
+    if pinned is None:
+        binding.append(Reason("CONTRACT_MISSING", "the effect's pinned contract revision is missing"))
+    if binding:
+        policy_extra = tuple(r for r in policy_reasons if r not in binding)
+        return Outcome.DENY, tuple(binding) + policy_extra
+    if policy_outcome == Outcome.ALLOW:
+        return Outcome.ALLOW, verdict.reasons + policy_reasons
+    return policy_outcome, policy_reasons
+
+
+def _refusal(reason: str, message: str, attempt: Attempt) -> FailedPrecondition:
+    return FailedPrecondition(
+        message,
+        reason=reason,
+        violations=[PreconditionViolation(reason, f"attempt/{attempt.attempt_id}", message)],
+        metadata={"attempt_id": attempt.attempt_id, "stage": attempt.stage.value},
+    )
+
+
+async def sweep_expired_leases(unit: UnitOfWork, tenant_id: str, effect_id: str) -> int:
+    """Record lease expiries of one effect (background sweeper); returns how many expired."""
+    effect = await repo.effect_by_id(unit.connection, tenant_id, effect_id, lock=True)
+    if effect is None:
+        return 0
+    expired = expire_leases(unit, tenant_id, effect, SYSTEM_SWEEPER)
+    if expired:
+        await _save(unit, tenant_id, effect, expired)
+    return len(expired)

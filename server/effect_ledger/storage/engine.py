@@ -1,0 +1,272 @@
+"""The one engine factory, and the unit of work every RPC runs in.
+
+The factory branches on the URL: ``postgresql+psycopg`` for PostgreSQL, and a SQLite file with
+``busy_timeout``, ``foreign_keys=ON`` and ``BEGIN IMMEDIATE`` transactions for the embedded
+default. Every pool size and timeout is explicit, with the reason beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sqlalchemy import create_engine, event, text
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from effect_ledger.errors import CommitThenRaise, Conflict, LedgerError, StorageUnavailable
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# PostgreSQL SQLSTATEs that mean "a concurrent transaction won; run the unit of work again".
+RETRYABLE_SQLSTATES = {"40001", "40P01", "23505"}
+UNIT_OF_WORK_ATTEMPTS_MAX = 5
+
+
+@dataclass(frozen=True)
+class DatabaseSettings:
+    url: str
+    # Connections each server process keeps. With a two-core host and several replicas, ten
+    # per process keeps PostgreSQL's max_connections (100 by default) well out of reach.
+    pool_size: int = 10
+    # How long an RPC waits for a free connection before answering UNAVAILABLE.
+    pool_timeout_seconds: float = 5.0
+    # A statement that runs longer than this is cancelled by PostgreSQL (fail, don't hang).
+    statement_timeout_ms: int = 5000
+    # A row lock waited on longer than this fails the statement (and the RPC is retried/refused).
+    lock_timeout_ms: int = 3000
+    # SQLite: how long a writer waits for the file lock held by another writer.
+    sqlite_busy_timeout_ms: int = 5000
+
+
+def normalize_url(url: str) -> str:
+    """Accept ``postgresql://`` and ``postgres://`` as psycopg 3; keep SQLite URLs as they are."""
+    if url.startswith("postgres://"):
+        url = "postgresql://" + url[len("postgres://") :]
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url[len("postgresql://") :]
+    return url
+
+
+def is_sqlite(url: str) -> bool:
+    return make_url(normalize_url(url)).get_backend_name() == "sqlite"
+
+
+def _ensure_sqlite_folder(url: str) -> None:
+    database = make_url(url).database
+    if database and database != ":memory:":
+        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+
+
+def _sqlite_pragmas(dbapi_connection: Any, busy_timeout_ms: int) -> None:
+    # Autocommit at the driver level so that SQLAlchemy's "begin" event issues BEGIN IMMEDIATE:
+    # a writer takes the file's write lock at the start of its transaction, so two writers never
+    # both read and then deadlock on upgrade.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    # WAL lets readers proceed while one writer writes.
+    cursor.execute("PRAGMA journal_mode=WAL")
+    # FULL: a committed transaction survives power loss (NORMAL would not, in WAL mode).
+    cursor.execute("PRAGMA synchronous=FULL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+    cursor.close()
+
+
+def _install_sqlite_events(sync_engine: Engine, busy_timeout_ms: int) -> None:
+    @event.listens_for(sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        _sqlite_pragmas(dbapi_connection, busy_timeout_ms)
+
+    @event.listens_for(sync_engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _postgres_connect_args(settings: DatabaseSettings) -> dict[str, Any]:
+    options = (
+        f"-c statement_timeout={settings.statement_timeout_ms} "
+        f"-c lock_timeout={settings.lock_timeout_ms} "
+        # A transaction left open by a stuck process releases its locks after 30 s.
+        "-c idle_in_transaction_session_timeout=30000"
+    )
+    # connect_timeout: a database that does not answer is UNAVAILABLE within 5 s.
+    return {"connect_timeout": 5, "options": options}
+
+
+def create_async(settings: DatabaseSettings) -> AsyncEngine:
+    url = normalize_url(settings.url)
+    if is_sqlite(url):
+        _ensure_sqlite_folder(url)
+        async_url = make_url(url).set(drivername="sqlite+aiosqlite")
+        engine = create_async_engine(
+            async_url,
+            pool_size=settings.pool_size,
+            max_overflow=0,
+            pool_timeout=settings.pool_timeout_seconds,
+        )
+        _install_sqlite_events(engine.sync_engine, settings.sqlite_busy_timeout_ms)
+        return engine
+    return create_async_engine(
+        url,
+        pool_size=settings.pool_size,
+        # No overflow: the pool size is the ceiling each process puts on the database.
+        max_overflow=0,
+        pool_timeout=settings.pool_timeout_seconds,
+        # Recycle connections every 5 minutes so a failover or restart does not keep dead ones.
+        pool_recycle=300,
+        # No pre-ping: it costs a round trip per RPC. A dead connection fails its statement,
+        # the pool discards it, and the RPC answers UNAVAILABLE (writing nothing).
+        pool_pre_ping=False,
+        connect_args=_postgres_connect_args(settings),
+    )
+
+
+def create_sync(settings: DatabaseSettings) -> Engine:
+    """A synchronous engine for the command line (migrations, principals, verify)."""
+    url = normalize_url(settings.url)
+    if is_sqlite(url):
+        _ensure_sqlite_folder(url)
+        engine = create_engine(url, pool_size=1, max_overflow=0)
+        _install_sqlite_events(engine, settings.sqlite_busy_timeout_ms)
+        return engine
+    return create_engine(
+        url, pool_size=1, max_overflow=0, connect_args=_postgres_connect_args(settings)
+    )
+
+
+def default_sqlite_url(folder: str = ".effect-ledger") -> str:
+    return f"sqlite:///{os.path.abspath(os.path.join(folder, 'ledger.db'))}"
+
+
+# --- the unit of work ----------------------------------------------------------------------
+
+
+@dataclass
+class UnitOfWork:
+    """One database transaction, with the database clock read once at its start.
+
+    Trace events recorded during the work are appended to their runs' hash chains just
+    before commit, in the same transaction as the changes they describe.
+    """
+
+    connection: AsyncConnection
+    now: datetime
+    events: dict[tuple[str, str], list[tuple[str, dict[str, Any], str]]] = field(default_factory=dict)
+
+    def record_event(
+        self, tenant_id: str, run_id: str, event_type: str, payload: dict[str, Any], principal_id: str
+    ) -> None:
+        self.events.setdefault((tenant_id, run_id), []).append((event_type, payload, principal_id))
+
+    async def flush_events(self) -> None:
+        from effect_ledger.storage.repository import append_events
+
+        for (tenant_id, run_id), pending in sorted(self.events.items()):
+            await append_events(self.connection, tenant_id, run_id, pending, self.now)
+        self.events.clear()
+
+
+async def database_now(connection: AsyncConnection) -> datetime:
+    """The database's clock: leases and expiries are judged by it, never by a replica's clock."""
+    if connection.dialect.name == "postgresql":
+        value = (await connection.execute(text("SELECT clock_timestamp()"))).scalar_one()
+        return value.astimezone(timezone.utc)
+    raw = (await connection.execute(text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')"))).scalar_one()
+    return datetime.strptime(raw, "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=timezone.utc)
+
+
+def _sqlstate(error: DBAPIError) -> str | None:
+    original = getattr(error, "orig", None)
+    return getattr(original, "sqlstate", None) or getattr(original, "pgcode", None)
+
+
+def classify(error: Exception) -> LedgerError | None:
+    """Map a database error to the domain's: a lost race is Conflict, an outage is Unavailable."""
+    if isinstance(error, PoolTimeoutError):
+        return StorageUnavailable("no database connection became free in time")
+    if isinstance(error, IntegrityError):
+        if _sqlstate(error) == "23505" or "UNIQUE constraint failed" in str(error):
+            return Conflict("a concurrent request created the same record")
+        return None
+    if isinstance(error, DBAPIError):
+        state = _sqlstate(error)
+        if state in RETRYABLE_SQLSTATES:
+            return Conflict(f"concurrent update (SQLSTATE {state})")
+        if error.connection_invalidated or isinstance(error, OperationalError):
+            if "database is locked" in str(error):
+                return Conflict("the SQLite database is locked by another writer")
+            return StorageUnavailable("the database is unavailable")
+        if state is not None and state[:2] in {"08", "57", "53"}:
+            # connection exception, operator intervention (shutdown, statement timeout), resources
+            return StorageUnavailable(f"the database is unavailable (SQLSTATE {state})")
+    if isinstance(error, (ConnectionError, OSError)):
+        return StorageUnavailable("the database is unreachable")
+    return None
+
+
+class Database:
+    """Runs units of work: one transaction each, retried from the start when a race is lost."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self.dialect = engine.dialect.name
+
+    @contextlib.asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[UnitOfWork]:
+        async with self.engine.connect() as connection:
+            async with connection.begin():
+                unit = UnitOfWork(connection, await database_now(connection))
+                yield unit
+                await unit.flush_events()
+
+    async def run(self, work: Callable[[UnitOfWork], Awaitable[T]]) -> T:
+        """Run ``work`` in one transaction; nothing it wrote survives an error it raises.
+
+        ``CommitThenRaise`` commits first, then raises its error (a refused report kept in the trace).
+        """
+        last: LedgerError | None = None
+        for _ in range(UNIT_OF_WORK_ATTEMPTS_MAX):
+            pending: CommitThenRaise | None = None
+            try:
+                async with self._transaction() as unit:
+                    try:
+                        result = await work(unit)
+                    except CommitThenRaise as commit_then_raise:
+                        pending = commit_then_raise
+                if pending is not None:
+                    raise pending.error
+                return result
+            except LedgerError:
+                raise
+            except Exception as error:  # noqa: BLE001 - classified below, re-raised otherwise
+                mapped = classify(error)
+                if mapped is None:
+                    raise
+                if isinstance(mapped, Conflict):
+                    last = mapped
+                    continue
+                raise mapped from error
+        assert last is not None
+        raise last
+
+    async def ping(self) -> bool:
+        try:
+            async with self.engine.connect() as connection:
+                await connection.execute(text("SELECT 1"))
+            return True
+        except Exception:  # noqa: BLE001 - any failure means "not serving"
+            return False
+
+    async def dispose(self) -> None:
+        await self.engine.dispose()

@@ -1,0 +1,651 @@
+"""Queries. Rows in, domain values out; every query is scoped to one tenant.
+
+Locking order, kept by every writer so that two transactions never wait on each other in a
+cycle: an effect row (``FOR UPDATE``) first, the run row (when its trace is appended) last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, func, insert, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Row
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from effect_ledger.domain.canonical import canonical_bytes
+from effect_ledger.domain.model import (
+    Attempt,
+    Decision,
+    Effect,
+    EffectClass,
+    FailureEvidence,
+    Outcome,
+    Principal,
+    Reason,
+    Receipt,
+    Recovery,
+    Role,
+    Run,
+    RunEvent,
+    Stage,
+    ToolContract,
+)
+from effect_ledger.domain.trace import event_hash
+from effect_ledger.storage.schema import (
+    attempts,
+    decisions,
+    effects,
+    principals,
+    run_events,
+    runs,
+    tool_contracts,
+)
+
+
+def new_id(prefix: str) -> str:
+    """Time-ordered, unguessable: 16 hex digits of nanoseconds, then 16 random hex digits."""
+    return f"{prefix}_{time.time_ns():016x}{os.urandom(8).hex()}"
+
+
+def _canonical_text(value: Any) -> str:
+    return canonical_bytes(value).decode("utf-8")
+
+
+# --- principals ----------------------------------------------------------------------------
+
+
+async def authenticate(connection: AsyncConnection, token_hash: str) -> Principal | None:
+    """The principal holding the token, read under current facts (roles as they are now)."""
+    row = (
+        await connection.execute(
+            select(principals.c.tenant_id, principals.c.principal_id, principals.c.roles).where(
+                principals.c.token_hash == token_hash, principals.c.disabled_at.is_(None)
+            )
+        )
+    ).first()
+    if row is None:
+        return None
+    return Principal(row.tenant_id, row.principal_id, frozenset(Role(r) for r in json.loads(row.roles)))
+
+
+# --- tool contracts ------------------------------------------------------------------------
+
+
+def _contract(row: Row[Any]) -> ToolContract:
+    schema_text = row.arguments_schema
+    return ToolContract(
+        tool=row.tool,
+        revision=row.revision,
+        effect_class=EffectClass(row.effect_class),
+        provider_idempotency=row.provider_idempotency,
+        queryable=row.queryable,
+        allowed_recovery=tuple(Recovery(r) for r in json.loads(row.allowed_recovery)),
+        arguments_schema=json.loads(schema_text) if schema_text is not None else None,
+        max_attempts=row.max_attempts,
+        lease_seconds=row.lease_seconds,
+        retired=row.retired,
+        retired_reason=row.retired_reason,
+        created_at=row.created_at,
+        created_by=row.created_by,
+    )
+
+
+async def latest_contract(connection: AsyncConnection, tenant_id: str, tool: str) -> ToolContract | None:
+    row = (
+        await connection.execute(
+            select(tool_contracts)
+            .where(tool_contracts.c.tenant_id == tenant_id, tool_contracts.c.tool == tool)
+            .order_by(tool_contracts.c.revision.desc())
+            .limit(1)
+        )
+    ).first()
+    return _contract(row) if row is not None else None
+
+
+async def contract_revision(
+    connection: AsyncConnection, tenant_id: str, tool: str, revision: int
+) -> ToolContract | None:
+    row = (
+        await connection.execute(
+            select(tool_contracts).where(
+                tool_contracts.c.tenant_id == tenant_id,
+                tool_contracts.c.tool == tool,
+                tool_contracts.c.revision == revision,
+            )
+        )
+    ).first()
+    return _contract(row) if row is not None else None
+
+
+async def insert_contract(
+    connection: AsyncConnection, tenant_id: str, contract: ToolContract
+) -> None:
+    """Insert a revision. Two admins racing for one revision: the primary key lets one win."""
+    await connection.execute(
+        insert(tool_contracts).values(
+            tenant_id=tenant_id,
+            tool=contract.tool,
+            revision=contract.revision,
+            effect_class=contract.effect_class.value,
+            provider_idempotency=contract.provider_idempotency,
+            queryable=contract.queryable,
+            allowed_recovery=_canonical_text([r.value for r in contract.allowed_recovery]),
+            arguments_schema=(
+                _canonical_text(contract.arguments_schema)
+                if contract.arguments_schema is not None
+                else None
+            ),
+            max_attempts=contract.max_attempts,
+            lease_seconds=contract.lease_seconds,
+            retired=contract.retired,
+            retired_reason=contract.retired_reason,
+            created_at=contract.created_at,
+            created_by=contract.created_by,
+        )
+    )
+
+
+async def list_latest_contracts(
+    connection: AsyncConnection, tenant_id: str, after_tool: str, limit: int, include_retired: bool
+) -> list[ToolContract]:
+    latest = (
+        select(tool_contracts.c.tool, func.max(tool_contracts.c.revision).label("revision"))
+        .where(tool_contracts.c.tenant_id == tenant_id, tool_contracts.c.tool > after_tool)
+        .group_by(tool_contracts.c.tool)
+        .subquery()
+    )
+    query = (
+        select(tool_contracts)
+        .join(
+            latest,
+            and_(tool_contracts.c.tool == latest.c.tool, tool_contracts.c.revision == latest.c.revision),
+        )
+        .where(tool_contracts.c.tenant_id == tenant_id)
+        .order_by(tool_contracts.c.tool)
+        .limit(limit)
+    )
+    if not include_retired:
+        query = query.where(tool_contracts.c.retired.is_(False))
+    return [_contract(row) for row in (await connection.execute(query)).all()]
+
+
+# --- runs and their traces -----------------------------------------------------------------
+
+
+def _run(row: Row[Any]) -> Run:
+    return Run(
+        tenant_id=row.tenant_id,
+        run_id=row.run_id,
+        created_by=row.created_by,
+        created_at=row.created_at,
+        revision=row.revision,
+        head_hash=row.head_hash,
+        labels=json.loads(row.labels),
+    )
+
+
+async def insert_run(
+    connection: AsyncConnection,
+    *,
+    tenant_id: str,
+    run_id: str,
+    created_by: str,
+    now: datetime,
+    labels: dict[str, str],
+    request_id: str | None,
+) -> None:
+    await connection.execute(
+        insert(runs).values(
+            tenant_id=tenant_id,
+            run_id=run_id,
+            created_by=created_by,
+            created_at=now,
+            revision=0,
+            head_hash="",
+            labels=_canonical_text(labels),
+            create_request_id=request_id,
+        )
+    )
+
+
+async def get_run(connection: AsyncConnection, tenant_id: str, run_id: str) -> Run | None:
+    row = (
+        await connection.execute(
+            select(runs).where(runs.c.tenant_id == tenant_id, runs.c.run_id == run_id)
+        )
+    ).first()
+    return _run(row) if row is not None else None
+
+
+async def run_by_request(connection: AsyncConnection, tenant_id: str, request_id: str) -> Run | None:
+    row = (
+        await connection.execute(
+            select(runs).where(runs.c.tenant_id == tenant_id, runs.c.create_request_id == request_id)
+        )
+    ).first()
+    return _run(row) if row is not None else None
+
+
+def _event(row: Row[Any]) -> RunEvent:
+    return RunEvent(
+        run_id=row.run_id,
+        revision=row.revision,
+        type=row.type,
+        payload=json.loads(row.payload),
+        principal_id=row.principal_id,
+        created_at=row.created_at,
+        prev_hash=row.prev_hash,
+        hash=row.hash,
+    )
+
+
+async def list_events(
+    connection: AsyncConnection, tenant_id: str, run_id: str, after_revision: int, limit: int
+) -> list[RunEvent]:
+    rows = (
+        await connection.execute(
+            select(run_events)
+            .where(
+                run_events.c.tenant_id == tenant_id,
+                run_events.c.run_id == run_id,
+                run_events.c.revision > after_revision,
+            )
+            .order_by(run_events.c.revision)
+            .limit(limit)
+        )
+    ).all()
+    return [_event(row) for row in rows]
+
+
+async def append_events(
+    connection: AsyncConnection,
+    tenant_id: str,
+    run_id: str,
+    pending: Sequence[tuple[str, dict[str, Any], str]],
+    now: datetime,
+) -> int:
+    """Append events to a run's trace in this transaction; returns the new head revision.
+
+    The run row is locked (``FOR UPDATE``) so revisions increase by exactly one and each event
+    carries the hash of the one before it, whatever other replicas do concurrently.
+    """
+    head = (
+        await connection.execute(
+            select(runs.c.revision, runs.c.head_hash)
+            .where(runs.c.tenant_id == tenant_id, runs.c.run_id == run_id)
+            .with_for_update()
+        )
+    ).one()
+    revision, prev_hash = head.revision, head.head_hash
+    rows = []
+    for event_type, payload, principal_id in pending:
+        revision += 1
+        digest = event_hash(
+            prev_hash=prev_hash,
+            tenant_id=tenant_id,
+            run_id=run_id,
+            revision=revision,
+            event_type=event_type,
+            payload=payload,
+            principal_id=principal_id,
+            created_at=now,
+        )
+        rows.append(
+            {
+                "tenant_id": tenant_id,
+                "run_id": run_id,
+                "revision": revision,
+                "type": event_type,
+                "payload": _canonical_text(payload),
+                "principal_id": principal_id,
+                "created_at": now,
+                "prev_hash": prev_hash,
+                "hash": digest,
+            }
+        )
+        prev_hash = digest
+    await connection.execute(insert(run_events), rows)
+    await connection.execute(
+        update(runs)
+        .where(runs.c.tenant_id == tenant_id, runs.c.run_id == run_id)
+        .values(revision=revision, head_hash=prev_hash)
+    )
+    return revision
+
+
+# --- effects and attempts ------------------------------------------------------------------
+
+_ATTEMPT_COLUMNS = [c.label(f"a_{c.name}") for c in attempts.c if c.name != "tenant_id"]
+
+
+def _attempt_from_prefixed(row: Row[Any]) -> Attempt | None:
+    values = row._mapping
+    if values["a_attempt_id"] is None:
+        return None
+    receipt = None
+    if values["a_receipt_digest"] is not None:
+        receipt = Receipt(
+            provider_reference=values["a_receipt_reference"],
+            detail=json.loads(values["a_receipt_detail"]),
+            digest=values["a_receipt_digest"],
+            recorded_at=values["a_receipt_recorded_at"],
+        )
+    evidence = values["a_failure_evidence"]
+    return Attempt(
+        attempt_id=values["a_attempt_id"],
+        effect_id=values["a_effect_id"],
+        number=values["a_number"],
+        stage=Stage(values["a_stage"]),
+        provider_key=values["a_provider_key"],
+        provider_key_reused=values["a_provider_key_reused"],
+        lease_expires_at=values["a_lease_expires_at"],
+        authorized_at=values["a_authorized_at"],
+        decision_id=values["a_decision_id"],
+        dispatched_at=values["a_dispatched_at"],
+        finished_at=values["a_finished_at"],
+        outcome_reason=values["a_outcome_reason"],
+        failure_evidence=FailureEvidence(evidence) if evidence else None,
+        receipt=receipt,
+    )
+
+
+def _effect(row: Row[Any]) -> Effect:
+    return Effect(
+        effect_id=row.effect_id,
+        run_id=row.run_id,
+        tool=row.tool,
+        tool_revision=row.tool_revision,
+        target=row.target,
+        idempotency_key=row.idempotency_key,
+        intent_digest=row.intent_digest,
+        arguments=json.loads(row.arguments),
+        stage=Stage(row.stage),
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        reconciled_by=row.reconciled_by,
+        reconcile_reason=row.reconcile_reason,
+    )
+
+
+async def _load_effects(connection: AsyncConnection, where: Any, lock: bool) -> list[Effect]:
+    """Effects with their attempts in one round trip; ``lock`` takes the effect rows FOR UPDATE."""
+    query = (
+        select(effects, *_ATTEMPT_COLUMNS)
+        .select_from(
+            effects.outerjoin(
+                attempts,
+                and_(attempts.c.tenant_id == effects.c.tenant_id, attempts.c.effect_id == effects.c.effect_id),
+            )
+        )
+        .where(where)
+        .order_by(effects.c.effect_id, attempts.c.number)
+    )
+    if lock:
+        query = query.with_for_update(of=effects)
+    found: dict[str, Effect] = {}
+    for row in (await connection.execute(query)).all():
+        effect = found.get(row.effect_id)
+        if effect is None:
+            effect = found[row.effect_id] = _effect(row)
+        attempt = _attempt_from_prefixed(row)
+        if attempt is not None:
+            effect.attempts.append(attempt)
+    return list(found.values())
+
+
+async def effect_by_key(
+    connection: AsyncConnection, tenant_id: str, idempotency_key: str, *, lock: bool
+) -> Effect | None:
+    found = await _load_effects(
+        connection,
+        and_(effects.c.tenant_id == tenant_id, effects.c.idempotency_key == idempotency_key),
+        lock,
+    )
+    return found[0] if found else None
+
+
+async def effect_by_id(
+    connection: AsyncConnection, tenant_id: str, effect_id: str, *, lock: bool
+) -> Effect | None:
+    found = await _load_effects(
+        connection, and_(effects.c.tenant_id == tenant_id, effects.c.effect_id == effect_id), lock
+    )
+    return found[0] if found else None
+
+
+async def effect_id_of_attempt(connection: AsyncConnection, tenant_id: str, attempt_id: str) -> str | None:
+    return (
+        await connection.execute(
+            select(attempts.c.effect_id).where(
+                attempts.c.tenant_id == tenant_id, attempts.c.attempt_id == attempt_id
+            )
+        )
+    ).scalar_one_or_none()
+
+
+OPEN_STAGE_VALUES = [Stage.AUTHORIZED.value, Stage.DISPATCHED.value, Stage.UNKNOWN.value]
+
+
+async def open_effects_of_run(
+    connection: AsyncConnection, tenant_id: str, run_id: str, after_effect_id: str, limit: int
+) -> list[Effect]:
+    ids = (
+        select(effects.c.effect_id)
+        .where(
+            effects.c.tenant_id == tenant_id,
+            effects.c.run_id == run_id,
+            effects.c.stage.in_(OPEN_STAGE_VALUES),
+            effects.c.effect_id > after_effect_id,
+        )
+        .order_by(effects.c.effect_id)
+        .limit(limit)
+        .scalar_subquery()
+    )
+    return await _load_effects(
+        connection, and_(effects.c.tenant_id == tenant_id, effects.c.effect_id.in_(ids)), lock=False
+    )
+
+
+async def open_effect_summaries(
+    connection: AsyncConnection, tenant_id: str, run_id: str, limit: int
+) -> list[dict[str, Any]]:
+    """A bounded summary of a run's open effects, for policy input."""
+    rows = (
+        await connection.execute(
+            select(effects.c.effect_id, effects.c.tool, effects.c.target, effects.c.stage)
+            .where(
+                effects.c.tenant_id == tenant_id,
+                effects.c.run_id == run_id,
+                effects.c.stage.in_(OPEN_STAGE_VALUES),
+            )
+            .order_by(effects.c.effect_id)
+            .limit(limit)
+        )
+    ).all()
+    return [dict(row._mapping) for row in rows]
+
+
+async def unknown_effects_on_target(
+    connection: AsyncConnection, tenant_id: str, tool: str, target: str, limit: int
+) -> list[dict[str, Any]]:
+    rows = (
+        await connection.execute(
+            select(effects.c.effect_id, effects.c.run_id, effects.c.idempotency_key)
+            .where(
+                effects.c.tenant_id == tenant_id,
+                effects.c.tool == tool,
+                effects.c.target == target,
+                effects.c.stage == Stage.UNKNOWN.value,
+            )
+            .order_by(effects.c.effect_id)
+            .limit(limit)
+        )
+    ).all()
+    return [dict(row._mapping) for row in rows]
+
+
+def _insert_ignoring_conflict(connection: AsyncConnection, table: Any) -> Any:
+    dialect = postgresql if connection.dialect.name == "postgresql" else sqlite
+    return dialect.insert(table)
+
+
+async def insert_effect_if_absent(connection: AsyncConnection, tenant_id: str, effect: Effect) -> bool:
+    """Insert the effect unless its (tenant, idempotency key) is taken; True when inserted.
+
+    ON CONFLICT DO NOTHING waits for a concurrent inserter of the same key to finish; the
+    loser sees no row returned and the unit of work is run again, now finding the effect.
+    """
+    statement = (
+        _insert_ignoring_conflict(connection, effects)
+        .values(
+            tenant_id=tenant_id,
+            effect_id=effect.effect_id,
+            run_id=effect.run_id,
+            tool=effect.tool,
+            tool_revision=effect.tool_revision,
+            target=effect.target,
+            idempotency_key=effect.idempotency_key,
+            intent_digest=effect.intent_digest,
+            arguments=_canonical_text(effect.arguments),
+            stage=effect.stage.value,
+            created_at=effect.created_at,
+            updated_at=effect.updated_at,
+            reconciled_by="",
+            reconcile_reason="",
+        )
+        .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
+        .returning(effects.c.effect_id)
+    )
+    return (await connection.execute(statement)).first() is not None
+
+
+def _attempt_values(attempt: Attempt) -> dict[str, Any]:
+    receipt = attempt.receipt
+    return {
+        "stage": attempt.stage.value,
+        "lease_expires_at": attempt.lease_expires_at,
+        "dispatched_at": attempt.dispatched_at,
+        "finished_at": attempt.finished_at,
+        "outcome_reason": attempt.outcome_reason,
+        "failure_evidence": attempt.failure_evidence.value if attempt.failure_evidence else None,
+        "receipt_reference": receipt.provider_reference if receipt else None,
+        "receipt_detail": _canonical_text(receipt.detail) if receipt else None,
+        "receipt_digest": receipt.digest if receipt else None,
+        "receipt_recorded_at": receipt.recorded_at if receipt else None,
+    }
+
+
+async def insert_attempt(connection: AsyncConnection, tenant_id: str, attempt: Attempt) -> None:
+    await connection.execute(
+        insert(attempts).values(
+            tenant_id=tenant_id,
+            attempt_id=attempt.attempt_id,
+            effect_id=attempt.effect_id,
+            number=attempt.number,
+            provider_key=attempt.provider_key,
+            provider_key_reused=attempt.provider_key_reused,
+            authorized_at=attempt.authorized_at,
+            decision_id=attempt.decision_id,
+            **_attempt_values(attempt),
+        )
+    )
+
+
+async def save_attempt(connection: AsyncConnection, tenant_id: str, attempt: Attempt) -> None:
+    await connection.execute(
+        update(attempts)
+        .where(attempts.c.tenant_id == tenant_id, attempts.c.attempt_id == attempt.attempt_id)
+        .values(**_attempt_values(attempt))
+    )
+
+
+async def save_effect_state(connection: AsyncConnection, tenant_id: str, effect: Effect) -> None:
+    await connection.execute(
+        update(effects)
+        .where(effects.c.tenant_id == tenant_id, effects.c.effect_id == effect.effect_id)
+        .values(
+            stage=effect.stage.value,
+            updated_at=effect.updated_at,
+            reconciled_by=effect.reconciled_by,
+            reconcile_reason=effect.reconcile_reason,
+        )
+    )
+
+
+async def expired_lease_effects(
+    connection: AsyncConnection, now: datetime, limit: int
+) -> list[tuple[str, str]]:
+    """(tenant, effect) pairs with an AUTHORIZED or DISPATCHED attempt whose lease ran out."""
+    rows = (
+        await connection.execute(
+            select(attempts.c.tenant_id, attempts.c.effect_id)
+            .where(
+                attempts.c.stage.in_([Stage.AUTHORIZED.value, Stage.DISPATCHED.value]),
+                attempts.c.lease_expires_at <= now,
+            )
+            .order_by(attempts.c.lease_expires_at)
+            .limit(limit)
+        )
+    ).all()
+    return list(dict.fromkeys((row.tenant_id, row.effect_id) for row in rows))
+
+
+# --- decisions -----------------------------------------------------------------------------
+
+
+async def insert_decision(connection: AsyncConnection, tenant_id: str, decision: Decision) -> None:
+    await connection.execute(
+        insert(decisions).values(
+            tenant_id=tenant_id,
+            decision_id=decision.decision_id,
+            run_id=decision.run_id,
+            effect_id=decision.effect_id,
+            attempt_id=decision.attempt_id,
+            outcome=decision.outcome.value,
+            reasons=_canonical_text([r.as_json() for r in decision.reasons]),
+            policy_revision=decision.policy_revision,
+            engine=decision.engine,
+            input_digest=decision.input_digest,
+            input_json=decision.input_json,
+            intent_digest=decision.intent_digest,
+            idempotency_key=decision.idempotency_key,
+            principal_id=decision.principal_id,
+            tool=decision.tool,
+            created_at=decision.created_at,
+        )
+    )
+
+
+async def get_decision(connection: AsyncConnection, tenant_id: str, decision_id: str) -> Decision | None:
+    row = (
+        await connection.execute(
+            select(decisions).where(
+                decisions.c.tenant_id == tenant_id, decisions.c.decision_id == decision_id
+            )
+        )
+    ).first()
+    if row is None:
+        return None
+    return Decision(
+        decision_id=row.decision_id,
+        run_id=row.run_id,
+        effect_id=row.effect_id,
+        attempt_id=row.attempt_id,
+        outcome=Outcome(row.outcome),
+        reasons=tuple(Reason(r["code"], r["message"]) for r in json.loads(row.reasons)),
+        policy_revision=row.policy_revision,
+        engine=row.engine,
+        input_digest=row.input_digest,
+        input_json=bytes(row.input_json),
+        intent_digest=row.intent_digest,
+        idempotency_key=row.idempotency_key,
+        principal_id=row.principal_id,
+        tool=row.tool,
+        created_at=row.created_at,
+    )

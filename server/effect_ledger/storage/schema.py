@@ -1,0 +1,208 @@
+"""Tables. Every primary key starts with ``tenant_id`` so that tenants can later be sharded.
+
+Schema changes go through Alembic (``migrations/``); ``tests/integration/test_migrations.py``
+fails when these tables and the migrated database drift apart.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.types import TypeDecorator
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_N_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+ID = String(64)
+TENANT = String(128)
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC in Python on both dialects.
+
+    PostgreSQL stores ``timestamptz``; SQLite stores naive UTC text, which compares correctly
+    as text because every value is written in the same format.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect):  # type: ignore[override]
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to UtcDateTime")
+        value = value.astimezone(timezone.utc)
+        return value if dialect.name == "postgresql" else value.replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect):  # type: ignore[override]
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=timezone.utc)
+        return value.astimezone(timezone.utc)
+
+
+principals = Table(
+    "principals",
+    metadata,
+    Column("tenant_id", TENANT, nullable=False),
+    Column("principal_id", String(128), nullable=False),
+    # SHA-256 of the bearer token; the token itself is shown once and never stored.
+    Column("token_hash", String(64), nullable=False),
+    Column("roles", Text, nullable=False),  # canonical JSON array of role names
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("disabled_at", UtcDateTime, nullable=True),
+    PrimaryKeyConstraint("tenant_id", "principal_id"),
+    UniqueConstraint("token_hash"),
+)
+
+tool_contracts = Table(
+    "tool_contracts",
+    metadata,
+    Column("tenant_id", TENANT, nullable=False),
+    Column("tool", String(128), nullable=False),
+    Column("revision", BigInteger, nullable=False),
+    Column("effect_class", String(32), nullable=False),
+    Column("provider_idempotency", Boolean, nullable=False),
+    Column("queryable", Boolean, nullable=False),
+    Column("allowed_recovery", Text, nullable=False),  # canonical JSON array
+    Column("arguments_schema", Text, nullable=True),  # canonical JSON
+    Column("max_attempts", Integer, nullable=False),
+    Column("lease_seconds", Integer, nullable=False),
+    Column("retired", Boolean, nullable=False),
+    Column("retired_reason", Text, nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("created_by", String(128), nullable=False),
+    PrimaryKeyConstraint("tenant_id", "tool", "revision"),
+)
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("tenant_id", TENANT, nullable=False),
+    Column("run_id", ID, nullable=False),
+    Column("created_by", String(128), nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("revision", BigInteger, nullable=False),
+    Column("head_hash", String(64), nullable=False),
+    Column("labels", Text, nullable=False),  # canonical JSON object
+    Column("create_request_id", String(256), nullable=True),
+    PrimaryKeyConstraint("tenant_id", "run_id"),
+    UniqueConstraint("tenant_id", "create_request_id"),
+)
+
+run_events = Table(
+    "run_events",
+    metadata,
+    Column("tenant_id", TENANT, nullable=False),
+    Column("run_id", ID, nullable=False),
+    Column("revision", BigInteger, nullable=False),
+    Column("type", String(64), nullable=False),
+    Column("payload", Text, nullable=False),  # canonical JSON object
+    Column("principal_id", String(128), nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("prev_hash", String(64), nullable=False),
+    Column("hash", String(64), nullable=False),
+    PrimaryKeyConstraint("tenant_id", "run_id", "revision"),
+    ForeignKeyConstraint(["tenant_id", "run_id"], ["runs.tenant_id", "runs.run_id"]),
+)
+
+effects = Table(
+    "effects",
+    metadata,
+    Column("tenant_id", TENANT, nullable=False),
+    Column("effect_id", ID, nullable=False),
+    Column("run_id", ID, nullable=False),
+    Column("tool", String(128), nullable=False),
+    Column("tool_revision", BigInteger, nullable=False),
+    Column("target", String(1024), nullable=False),
+    Column("idempotency_key", String(256), nullable=False),
+    Column("intent_digest", String(64), nullable=False),
+    Column("arguments", Text, nullable=False),  # canonical JSON object
+    Column("stage", String(16), nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("updated_at", UtcDateTime, nullable=False),
+    Column("reconciled_by", String(128), nullable=False),
+    Column("reconcile_reason", Text, nullable=False),
+    PrimaryKeyConstraint("tenant_id", "effect_id"),
+    # The database enforces one effect per (tenant, idempotency key), across every replica.
+    UniqueConstraint("tenant_id", "idempotency_key"),
+    ForeignKeyConstraint(["tenant_id", "run_id"], ["runs.tenant_id", "runs.run_id"]),
+    Index(None, "tenant_id", "run_id", "stage"),
+    Index(None, "tenant_id", "tool", "target", "stage"),
+)
+
+attempts = Table(
+    "attempts",
+    metadata,
+    Column("tenant_id", TENANT, nullable=False),
+    Column("attempt_id", ID, nullable=False),
+    Column("effect_id", ID, nullable=False),
+    Column("number", Integer, nullable=False),
+    Column("stage", String(16), nullable=False),
+    Column("provider_key", String(128), nullable=False),
+    Column("provider_key_reused", Boolean, nullable=False),
+    Column("lease_expires_at", UtcDateTime, nullable=False),
+    Column("authorized_at", UtcDateTime, nullable=False),
+    Column("dispatched_at", UtcDateTime, nullable=True),
+    Column("finished_at", UtcDateTime, nullable=True),
+    Column("decision_id", ID, nullable=False),
+    Column("outcome_reason", Text, nullable=False),
+    Column("failure_evidence", String(32), nullable=True),
+    Column("receipt_reference", String(512), nullable=True),
+    Column("receipt_detail", Text, nullable=True),  # canonical JSON
+    Column("receipt_digest", String(64), nullable=True),
+    Column("receipt_recorded_at", UtcDateTime, nullable=True),
+    PrimaryKeyConstraint("tenant_id", "attempt_id"),
+    UniqueConstraint("tenant_id", "effect_id", "number"),
+    ForeignKeyConstraint(["tenant_id", "effect_id"], ["effects.tenant_id", "effects.effect_id"]),
+    # The lease sweeper scans open attempts by expiry across tenants.
+    Index(None, "stage", "lease_expires_at"),
+)
+
+decisions = Table(
+    "decisions",
+    metadata,
+    Column("tenant_id", TENANT, nullable=False),
+    Column("decision_id", ID, nullable=False),
+    Column("run_id", ID, nullable=False),
+    Column("effect_id", ID, nullable=True),
+    Column("attempt_id", ID, nullable=True),
+    Column("outcome", String(32), nullable=False),
+    Column("reasons", Text, nullable=False),  # canonical JSON array of {code, message}
+    Column("policy_revision", String(64), nullable=False),
+    Column("engine", String(32), nullable=False),
+    Column("input_digest", String(64), nullable=False),
+    Column("input_json", LargeBinary, nullable=False),  # canonical JSON policy input
+    Column("intent_digest", String(64), nullable=False),
+    Column("idempotency_key", String(256), nullable=False),
+    Column("principal_id", String(128), nullable=False),
+    Column("tool", String(128), nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    PrimaryKeyConstraint("tenant_id", "decision_id"),
+    Index(None, "tenant_id", "run_id", "created_at"),
+)

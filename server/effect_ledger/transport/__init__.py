@@ -1,0 +1,1 @@
+"""gRPC transport: servicers, the error table, interceptors and the server itself."""

@@ -1,0 +1,244 @@
+"""Protobuf <-> domain, in one place. Nothing else touches generated messages' fields."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from effect_ledger.domain import canonical
+from effect_ledger.domain.model import (
+    Attempt,
+    Decision,
+    Effect,
+    EffectClass,
+    FailureEvidence,
+    Outcome,
+    Reason,
+    Receipt,
+    Recovery,
+    Run,
+    RunEvent,
+    Stage,
+    ToolContract,
+)
+from effect_ledger.errors import InvalidArgument
+from effect_ledger.service.gate import AttemptResult, AuthorizeResult
+from effectledger.v1 import common_pb2, gate_pb2, runs_pb2, tools_pb2
+
+SCHEMA_SIZE_MAX_BYTES = 64 * 1024
+
+
+def timestamp(moment: datetime | None) -> Timestamp | None:
+    if moment is None:
+        return None
+    value = Timestamp()
+    value.FromDatetime(moment)
+    return value
+
+
+def _enum_name(enum_type, value: int, field: str) -> str:
+    if value == 0:
+        raise InvalidArgument.field(field, "is required", reason="FIELD_REQUIRED")
+    try:
+        return enum_type.Name(value)
+    except ValueError:
+        raise InvalidArgument.field(field, f"unknown value {value}", reason="INVALID_ENUM") from None
+
+
+# --- tool contracts ------------------------------------------------------------------------
+
+
+def contract_from_proto(message: tools_pb2.ToolContract) -> ToolContract:
+    schema = canonical.parse_json(
+        message.arguments_schema_json,
+        field="contract.arguments_schema_json",
+        size_max_bytes=SCHEMA_SIZE_MAX_BYTES,
+        allow_empty=True,
+    )
+    recovery = tuple(
+        Recovery(_enum_name(common_pb2.Recovery, value, "contract.allowed_recovery"))
+        for value in message.allowed_recovery
+    )
+    return ToolContract(
+        tool=message.tool,
+        revision=0,
+        effect_class=EffectClass(_enum_name(common_pb2.EffectClass, message.effect_class, "contract.effect_class")),
+        provider_idempotency=message.provider_idempotency,
+        queryable=message.queryable,
+        allowed_recovery=recovery,
+        arguments_schema=schema,
+        max_attempts=message.max_attempts,
+        lease_seconds=message.lease_seconds,
+    )
+
+
+def contract_to_proto(contract: ToolContract) -> tools_pb2.ToolContract:
+    return tools_pb2.ToolContract(
+        tool=contract.tool,
+        revision=contract.revision,
+        effect_class=common_pb2.EffectClass.Value(contract.effect_class.value),
+        provider_idempotency=contract.provider_idempotency,
+        queryable=contract.queryable,
+        allowed_recovery=[common_pb2.Recovery.Value(r.value) for r in contract.allowed_recovery],
+        arguments_schema_json=(
+            canonical.canonical_bytes(contract.arguments_schema) if contract.arguments_schema is not None else b""
+        ),
+        max_attempts=contract.max_attempts,
+        lease_seconds=contract.lease_seconds,
+        retired=contract.retired,
+        created_at=timestamp(contract.created_at),
+        created_by=contract.created_by,
+        retired_reason=contract.retired_reason,
+    )
+
+
+# --- runs ----------------------------------------------------------------------------------
+
+
+def run_to_proto(run: Run) -> runs_pb2.Run:
+    return runs_pb2.Run(
+        run_id=run.run_id,
+        created_by=run.created_by,
+        created_at=timestamp(run.created_at),
+        revision=run.revision,
+        head_hash=run.head_hash,
+        labels=run.labels,
+    )
+
+
+def event_to_proto(event: RunEvent) -> runs_pb2.RunEvent:
+    return runs_pb2.RunEvent(
+        run_id=event.run_id,
+        revision=event.revision,
+        type=event.type,
+        payload_json=canonical.canonical_bytes(event.payload),
+        principal_id=event.principal_id,
+        created_at=timestamp(event.created_at),
+        prev_hash=event.prev_hash,
+        hash=event.hash,
+    )
+
+
+# --- the gate ------------------------------------------------------------------------------
+
+
+def stage_value(stage: Stage | None) -> int:
+    return common_pb2.Stage.Value(stage.value) if stage is not None else 0
+
+
+def reason_to_proto(reason: Reason) -> common_pb2.Reason:
+    return common_pb2.Reason(code=reason.code, message=reason.message)
+
+
+def receipt_to_proto(receipt: Receipt | None) -> common_pb2.Receipt | None:
+    if receipt is None:
+        return None
+    return common_pb2.Receipt(
+        provider_reference=receipt.provider_reference,
+        detail_json=canonical.canonical_bytes(receipt.detail),
+        digest=receipt.digest,
+        recorded_at=timestamp(receipt.recorded_at),
+    )
+
+
+def failure_evidence(value: int) -> FailureEvidence:
+    return FailureEvidence(_enum_name(gate_pb2.FailureEvidence, value, "failed.evidence"))
+
+
+def authorize_response(result: AuthorizeResult) -> gate_pb2.AuthorizeEffectResponse:
+    attempt = result.attempt
+    return gate_pb2.AuthorizeEffectResponse(
+        outcome=common_pb2.Outcome.Value(result.outcome.value),
+        effect_id=result.effect_id,
+        attempt_id=attempt.attempt_id if attempt else "",
+        provider_idempotency_key=attempt.provider_key if attempt else "",
+        lease_expires_at=timestamp(attempt.lease_expires_at) if attempt else None,
+        intent_digest=result.intent_digest,
+        reasons=[reason_to_proto(r) for r in result.reasons],
+        decision_id=result.decision_id,
+        policy_revision=result.policy_revision,
+        receipt=receipt_to_proto(result.receipt),
+        provider_key_reused=attempt.provider_key_reused if attempt else False,
+        tool_revision=result.tool_revision,
+        effect_stage=stage_value(result.effect_stage),
+        attempt_number=attempt.number if attempt else 0,
+    )
+
+
+def attempt_to_proto(attempt: Attempt) -> gate_pb2.Attempt:
+    return gate_pb2.Attempt(
+        attempt_id=attempt.attempt_id,
+        effect_id=attempt.effect_id,
+        number=attempt.number,
+        stage=stage_value(attempt.stage),
+        provider_idempotency_key=attempt.provider_key,
+        lease_expires_at=timestamp(attempt.lease_expires_at),
+        authorized_at=timestamp(attempt.authorized_at),
+        dispatched_at=timestamp(attempt.dispatched_at),
+        finished_at=timestamp(attempt.finished_at),
+        decision_id=attempt.decision_id,
+        outcome_reason=attempt.outcome_reason,
+        failure_evidence=(
+            gate_pb2.FailureEvidence.Value(attempt.failure_evidence.value) if attempt.failure_evidence else 0
+        ),
+        receipt=receipt_to_proto(attempt.receipt),
+        provider_key_reused=attempt.provider_key_reused,
+    )
+
+
+def attempt_response(result: AttemptResult) -> gate_pb2.AttemptResponse:
+    return gate_pb2.AttemptResponse(
+        attempt=attempt_to_proto(result.attempt),
+        effect_stage=stage_value(result.effect_stage),
+        changed=result.changed,
+    )
+
+
+def effect_to_proto(effect: Effect) -> gate_pb2.Effect:
+    return gate_pb2.Effect(
+        effect_id=effect.effect_id,
+        run_id=effect.run_id,
+        tool=effect.tool,
+        tool_revision=effect.tool_revision,
+        target=effect.target,
+        idempotency_key=effect.idempotency_key,
+        intent_digest=effect.intent_digest,
+        arguments_json=canonical.canonical_bytes(effect.arguments),
+        stage=stage_value(effect.stage),
+        attempts=[attempt_to_proto(a) for a in effect.attempts],
+        receipt=receipt_to_proto(effect.receipt),
+        created_at=timestamp(effect.created_at),
+        updated_at=timestamp(effect.updated_at),
+        reconciled_by=effect.reconciled_by,
+        reconcile_reason=effect.reconcile_reason,
+    )
+
+
+def decision_to_proto(decision: Decision) -> gate_pb2.Decision:
+    return gate_pb2.Decision(
+        decision_id=decision.decision_id,
+        run_id=decision.run_id,
+        effect_id=decision.effect_id or "",
+        attempt_id=decision.attempt_id or "",
+        outcome=common_pb2.Outcome.Value(decision.outcome.value),
+        reasons=[reason_to_proto(r) for r in decision.reasons],
+        policy_revision=decision.policy_revision,
+        engine=decision.engine,
+        input_digest=decision.input_digest,
+        input_json=decision.input_json,
+        intent_digest=decision.intent_digest,
+        idempotency_key=decision.idempotency_key,
+        principal_id=decision.principal_id,
+        created_at=timestamp(decision.created_at),
+        tool=decision.tool,
+    )
+
+
+def outcome_name(value: int) -> Outcome:
+    return Outcome(common_pb2.Outcome.Name(value))
+
+
+def payload(event: runs_pb2.RunEvent) -> dict:
+    return json.loads(event.payload_json)

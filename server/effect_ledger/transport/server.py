@@ -1,0 +1,184 @@
+"""The grpc.aio server: services, health, reflection, limits, background tasks, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from effect_ledger.config import ServerSettings
+from effect_ledger.errors import DeadlineExceeded, LedgerError
+from effect_ledger.policy.engine import PolicyEngine
+from effect_ledger.service.gate import Gate, sweep_expired_leases
+from effect_ledger.storage import repository as repo
+from effect_ledger.storage.engine import Database, database_now
+from effect_ledger.transport import status
+from effect_ledger.transport.servicers import (
+    Application,
+    GateServicer,
+    RunsServicer,
+    ToolRegistryServicer,
+)
+from effectledger.v1 import gate_pb2, gate_pb2_grpc, runs_pb2, runs_pb2_grpc, tools_pb2, tools_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAMES = (
+    gate_pb2.DESCRIPTOR.services_by_name["Gate"].full_name,
+    runs_pb2.DESCRIPTOR.services_by_name["Runs"].full_name,
+    tools_pb2.DESCRIPTOR.services_by_name["ToolRegistry"].full_name,
+)
+
+
+class ErrorsAndDeadlines(grpc.aio.ServerInterceptor):
+    """Gives a deadline to calls that bring none, and turns domain errors into statuses.
+
+    The one place where LedgerError meets gRPC: the error table in ``status.py`` decides the
+    code and details; anything unmapped becomes INTERNAL with a generic message and a log.
+    """
+
+    def __init__(self, default_deadline_seconds: float) -> None:
+        self.default_deadline_seconds = default_deadline_seconds
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        inner = handler.unary_unary
+        method = handler_call_details.method
+        default_deadline = self.default_deadline_seconds
+
+        async def guarded(request, context):
+            try:
+                if context.time_remaining() is not None:
+                    return await inner(request, context)  # gRPC enforces the caller's deadline
+                try:
+                    return await asyncio.wait_for(inner(request, context), default_deadline)
+                except TimeoutError:
+                    raise DeadlineExceeded(f"no answer within the default {default_deadline} s") from None
+            except LedgerError as error:
+                await context.abort_with_status(status.to_status(error))
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:  # noqa: BLE001 - unmapped: INTERNAL, logged
+                if isinstance(error, grpc.aio.AbortError):
+                    raise
+                log.exception("unhandled error in %s", method)
+                await context.abort_with_status(status.internal_status())
+
+        return grpc.unary_unary_rpc_method_handler(
+            guarded,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+@dataclass
+class RunningServer:
+    server: grpc.aio.Server
+    port: int
+    database: Database
+    policy: PolicyEngine
+    health: health.aio.HealthServicer
+    tasks: list[asyncio.Task] = field(default_factory=list)
+
+    async def stop(self, grace_seconds: float) -> None:
+        await self.health.enter_graceful_shutdown()
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.server.stop(grace_seconds)
+        await self.policy.close()
+        await self.database.dispose()
+
+
+async def _health_monitor(database: Database, servicer: health.aio.HealthServicer, interval: float) -> None:
+    """NOT_SERVING while the database does not answer; SERVING again by itself when it does."""
+    serving = None
+    while True:
+        ok = await database.ping()
+        if ok != serving:
+            state = health_pb2.HealthCheckResponse.SERVING if ok else health_pb2.HealthCheckResponse.NOT_SERVING
+            for name in ("", *SERVICE_NAMES):
+                await servicer.set(name, state)
+            log.log(logging.INFO if ok else logging.WARNING, "database %s", "reachable" if ok else "UNREACHABLE")
+            serving = ok
+        await asyncio.sleep(interval)
+
+
+async def _lease_sweeper(database: Database, interval: float, batch: int) -> None:
+    """Record lease expiries by the database clock, so UNKNOWN shows up without a caller."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            async def find(unit):
+                return await repo.expired_lease_effects(unit.connection, await database_now(unit.connection), batch)
+
+            for tenant_id, effect_id in await database.run(find):
+                await database.run(lambda unit, t=tenant_id, e=effect_id: sweep_expired_leases(unit, t, e))
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # noqa: BLE001 - keep sweeping; the next pass retries
+            log.warning("lease sweep failed: %s", error)
+
+
+async def start_server(settings: ServerSettings, database: Database, policy: PolicyEngine) -> RunningServer:
+    limits = settings.limits
+    server = grpc.aio.server(
+        interceptors=[ErrorsAndDeadlines(settings.default_deadline_seconds)],
+        maximum_concurrent_rpcs=settings.maximum_concurrent_rpcs,
+        options=[
+            ("grpc.max_receive_message_length", limits.message_size_max_bytes),
+            ("grpc.max_send_message_length", limits.message_size_max_bytes),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    app = Application(database, Gate(policy, limits), limits)
+    tools_pb2_grpc.add_ToolRegistryServicer_to_server(ToolRegistryServicer(app), server)
+    runs_pb2_grpc.add_RunsServicer_to_server(RunsServicer(app), server)
+    gate_pb2_grpc.add_GateServicer_to_server(GateServicer(app), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    port = server.add_insecure_port(settings.listen)
+    if port == 0:
+        raise SystemExit(f"cannot listen on {settings.listen}")
+    await server.start()
+    running = RunningServer(server, port, database, policy, health_servicer)
+    running.tasks.append(
+        asyncio.create_task(_health_monitor(database, health_servicer, settings.health_check_interval_seconds))
+    )
+    running.tasks.append(
+        asyncio.create_task(
+            _lease_sweeper(database, settings.lease_sweep_interval_seconds, limits.lease_sweep_batch_max)
+        )
+    )
+    host = settings.listen.rsplit(":", 1)[0]
+    log.info("effect-ledger serving on %s:%d", host, port)
+    if settings.port_file:
+        Path(settings.port_file).write_text(f"{port}\n")
+    return running
+
+
+async def serve_forever(settings: ServerSettings, database: Database, policy: PolicyEngine, reload_policy=None) -> None:
+    running = await start_server(settings, database, policy)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    if reload_policy is not None:
+        loop.add_signal_handler(signal.SIGHUP, reload_policy)
+    await stop.wait()
+    log.info("shutting down (grace %.1f s)", settings.grace_seconds)
+    await running.stop(settings.grace_seconds)

@@ -1,0 +1,284 @@
+"""The gRPC servicers. Each method reads like a short script: map the request, run one use
+case inside one unit of work (authenticated, role-checked), map the result."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+
+from effect_ledger.config import Limits
+from effect_ledger.domain.contracts import check_text
+from effect_ledger.domain.lifecycle import Report, ReportKind
+from effect_ledger.domain.model import Principal, Role
+from effect_ledger.errors import InvalidArgument, PermissionDenied, Unauthenticated
+from effect_ledger.service import runs, tools
+from effect_ledger.service.gate import AuthorizeRequest, Gate, parse_receipt, validate_authorize
+from effect_ledger.storage import repository as repo
+from effect_ledger.storage.engine import Database, UnitOfWork
+from effect_ledger.transport import mapping
+from effectledger.v1 import gate_pb2, gate_pb2_grpc, runs_pb2, runs_pb2_grpc, tools_pb2, tools_pb2_grpc
+
+T = TypeVar("T")
+
+EVERY_ROLE = frozenset(Role)
+AGENTS = frozenset({Role.AGENT})
+AGENTS_AND_ADMINS = frozenset({Role.AGENT, Role.ADMIN})
+ADMINS = frozenset({Role.ADMIN})
+TOKEN_LENGTH_MAX = 512
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def bearer_token(context: grpc.aio.ServicerContext) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == "authorization":
+            scheme, _, token = str(value).partition(" ")
+            if scheme.lower() == "bearer" and token and len(token) <= TOKEN_LENGTH_MAX:
+                return token.strip()
+            break
+    raise Unauthenticated("send metadata 'authorization: Bearer <token>'", reason="TOKEN_MISSING")
+
+
+class Application:
+    """What every servicer shares: the database, the limits, and authentication."""
+
+    def __init__(self, database: Database, gate: Gate, limits: Limits) -> None:
+        self.database = database
+        self.gate = gate
+        self.limits = limits
+
+    async def call(
+        self,
+        context: grpc.aio.ServicerContext,
+        roles: frozenset[Role],
+        work: Callable[[UnitOfWork, Principal], Awaitable[T]],
+    ) -> T:
+        """Run ``work`` in one unit of work as the caller, authenticated under current facts."""
+        hashed = token_hash(bearer_token(context))
+
+        async def authenticated(unit: UnitOfWork) -> T:
+            principal = await repo.authenticate(unit.connection, hashed)
+            if principal is None:
+                raise Unauthenticated("unknown or disabled token", reason="TOKEN_UNKNOWN")
+            if not principal.has_any(roles):
+                raise PermissionDenied(
+                    f"needs one of the roles {sorted(r.value for r in roles)}",
+                    reason="ROLE_REQUIRED",
+                    metadata={"principal_id": principal.principal_id},
+                )
+            return await work(unit, principal)
+
+        return await self.database.run(authenticated)
+
+    def page_size(self, requested: int, default: int, maximum: int) -> int:
+        if requested < 0 or requested > maximum:
+            raise InvalidArgument.field("page_size", f"must be between 0 and {maximum}", reason="INVALID_PAGE_SIZE")
+        return requested or default
+
+
+def decode_token(token: str, field: str = "page_token") -> str:
+    if not token:
+        return ""
+    try:
+        return base64.urlsafe_b64decode(token.encode("ascii")).decode("utf-8")
+    except (ValueError, UnicodeError):
+        raise InvalidArgument.field(field, "is not a token this service issued", reason="INVALID_PAGE_TOKEN") from None
+
+
+def encode_token(value: str) -> str:
+    return base64.urlsafe_b64encode(value.encode("utf-8")).decode("ascii")
+
+
+class ToolRegistryServicer(tools_pb2_grpc.ToolRegistryServicer):
+    def __init__(self, app: Application) -> None:
+        self.app = app
+
+    async def PutToolContract(self, request, context):
+        proposed = mapping.contract_from_proto(request.contract)
+        expected = request.expected_revision if request.HasField("expected_revision") else None
+        contract = await self.app.call(
+            context, ADMINS, lambda unit, principal: tools.put_contract(unit, principal, proposed, expected)
+        )
+        return mapping.contract_to_proto(contract)
+
+    async def GetToolContract(self, request, context):
+        contract = await self.app.call(
+            context, EVERY_ROLE, lambda unit, principal: tools.get_contract(unit, principal, request.tool, request.revision)
+        )
+        return mapping.contract_to_proto(contract)
+
+    async def ListToolContracts(self, request, context):
+        limits = self.app.limits
+        size = self.app.page_size(request.page_size, limits.page_size_default, limits.page_size_max)
+        after = decode_token(request.page_token)
+        found = await self.app.call(
+            context,
+            EVERY_ROLE,
+            lambda unit, principal: tools.list_contracts(unit, principal, after, size, request.include_retired),
+        )
+        next_token = encode_token(found[-1].tool) if len(found) == size else ""
+        return tools_pb2.ListToolContractsResponse(
+            contracts=[mapping.contract_to_proto(c) for c in found], next_page_token=next_token
+        )
+
+    async def RetireTool(self, request, context):
+        contract = await self.app.call(
+            context, ADMINS, lambda unit, principal: tools.retire_tool(unit, principal, request.tool, request.reason)
+        )
+        return mapping.contract_to_proto(contract)
+
+
+class RunsServicer(runs_pb2_grpc.RunsServicer):
+    def __init__(self, app: Application) -> None:
+        self.app = app
+
+    async def CreateRun(self, request, context):
+        labels = dict(request.labels)
+        run = await self.app.call(
+            context,
+            AGENTS_AND_ADMINS,
+            lambda unit, principal: runs.create_run(unit, principal, request.request_id, labels, self.app.limits),
+        )
+        return mapping.run_to_proto(run)
+
+    async def GetRun(self, request, context):
+        run = await self.app.call(
+            context, EVERY_ROLE, lambda unit, principal: runs.get_run(unit, principal, request.run_id)
+        )
+        return mapping.run_to_proto(run)
+
+    async def ListRunEvents(self, request, context):
+        limits = self.app.limits
+        size = self.app.page_size(request.page_size, limits.events_page_size_default, limits.events_page_size_max)
+        events = await self.app.call(
+            context,
+            EVERY_ROLE,
+            lambda unit, principal: runs.list_events(unit, principal, request.run_id, request.after_revision, size),
+        )
+        return runs_pb2.ListRunEventsResponse(
+            events=[mapping.event_to_proto(e) for e in events],
+            next_after_revision=events[-1].revision if len(events) == size else 0,
+        )
+
+
+class GateServicer(gate_pb2_grpc.GateServicer):
+    def __init__(self, app: Application) -> None:
+        self.app = app
+        self.gate = app.gate
+
+    async def AuthorizeEffect(self, request, context):
+        command = AuthorizeRequest(
+            run_id=request.run_id,
+            tool=request.tool,
+            arguments_json=request.arguments_json,
+            idempotency_key=request.idempotency_key,
+            target=request.target,
+        )
+        arguments = validate_authorize(command, self.app.limits)
+        result = await self.app.call(
+            context, AGENTS, lambda unit, principal: self.gate.authorize(unit, principal, command, arguments)
+        )
+        return mapping.authorize_response(result)
+
+    async def RecordDispatch(self, request, context):
+        result = await self.app.call(
+            context,
+            AGENTS,
+            lambda unit, principal: self.gate.report(unit, principal, request.attempt_id, Report(ReportKind.DISPATCHED)),
+        )
+        return mapping.attempt_response(result)
+
+    async def RenewLease(self, request, context):
+        result = await self.app.call(
+            context, AGENTS, lambda unit, principal: self.gate.renew_lease(unit, principal, request.attempt_id)
+        )
+        return mapping.attempt_response(result)
+
+    async def RecordOutcome(self, request, context):
+        which = request.WhichOneof("outcome")
+        if which is None:
+            raise InvalidArgument.field("outcome", "one of succeeded, failed, unknown is required", reason="FIELD_REQUIRED")
+
+        async def work(unit: UnitOfWork, principal: Principal):
+            return await self.gate.report(unit, principal, request.attempt_id, self._report(request, which, unit))
+
+        return mapping.attempt_response(await self.app.call(context, AGENTS, work))
+
+    def _report(self, request, which: str, unit: UnitOfWork) -> Report:
+        if which == "succeeded":
+            if not request.succeeded.HasField("receipt"):
+                raise InvalidArgument.field("succeeded.receipt", "is required", reason="FIELD_REQUIRED")
+            receipt = request.succeeded.receipt
+            return Report(
+                ReportKind.SUCCEEDED,
+                receipt=parse_receipt(
+                    receipt.provider_reference, receipt.detail_json, unit.now, self.app.limits, "succeeded.receipt"
+                ),
+            )
+        if which == "failed":
+            check_text(request.failed.reason, "failed.reason", required=True)
+            return Report(
+                ReportKind.FAILED,
+                reason=request.failed.reason,
+                failure_evidence=mapping.failure_evidence(request.failed.evidence),
+            )
+        check_text(request.unknown.reason, "unknown.reason", required=False)
+        return Report(ReportKind.UNKNOWN, reason=request.unknown.reason)
+
+    async def ReleaseAttempt(self, request, context):
+        report = Report(ReportKind.RELEASED, reason=request.reason)
+        result = await self.app.call(
+            context, AGENTS, lambda unit, principal: self.gate.report(unit, principal, request.attempt_id, report)
+        )
+        return mapping.attempt_response(result)
+
+    async def ReconcileEffect(self, request, context):
+        which = request.WhichOneof("evidence")
+        if which is None:
+            raise InvalidArgument.field("evidence", "a receipt or not_happened is required", reason="FIELD_REQUIRED")
+
+        async def work(unit: UnitOfWork, principal: Principal):
+            receipt = None
+            reason = ""
+            if which == "receipt":
+                receipt = parse_receipt(
+                    request.receipt.provider_reference, request.receipt.detail_json, unit.now, self.app.limits, "receipt"
+                )
+            else:
+                    reason = check_text(request.not_happened.reason, "not_happened.reason", required=True)
+            return await self.gate.reconcile(unit, principal, request.effect_id, receipt, reason)
+
+        effect = await self.app.call(context, AGENTS_AND_ADMINS, work)
+        return mapping.effect_to_proto(effect)
+
+    async def GetEffect(self, request, context):
+        effect = await self.app.call(
+            context, EVERY_ROLE, lambda unit, principal: self.gate.get_effect(unit, principal, request.effect_id)
+        )
+        return mapping.effect_to_proto(effect)
+
+    async def ListOpenEffects(self, request, context):
+        limits = self.app.limits
+        size = self.app.page_size(request.page_size, limits.page_size_default, limits.page_size_max)
+        after = decode_token(request.page_token)
+        found = await self.app.call(
+            context,
+            EVERY_ROLE,
+            lambda unit, principal: self.gate.list_open_effects(unit, principal, request.run_id, after, size),
+        )
+        return gate_pb2.ListOpenEffectsResponse(
+            effects=[mapping.effect_to_proto(e) for e in found],
+            next_page_token=encode_token(found[-1].effect_id) if len(found) == size else "",
+        )
+
+    async def GetDecision(self, request, context):
+        decision = await self.app.call(
+            context, EVERY_ROLE, lambda unit, principal: self.gate.get_decision(unit, principal, request.decision_id)
+        )
+        return mapping.decision_to_proto(decision)
