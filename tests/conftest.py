@@ -1,0 +1,74 @@
+"""Fixtures: a real PostgreSQL database and a SQLite file, migrated; a real server per backend.
+
+PostgreSQL is required (CI starts it); set EFFECT_LEDGER_TEST_PG_URL to point elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from support import (  # noqa: E402
+    ServerProcess,
+    create_pg_database,
+    drop_pg_database,
+    migrate,
+    new_tenant,
+)
+
+BACKENDS = ["sqlite", "postgres"]
+
+
+@pytest.fixture(scope="session")
+def pg_url():
+    url = create_pg_database()
+    migrate(url)
+    yield url
+    drop_pg_database(url)
+
+
+@pytest.fixture(scope="session")
+def sqlite_url():
+    folder = tempfile.mkdtemp(prefix="el-sqlite-")
+    url = f"sqlite:///{os.path.join(folder, 'ledger.db')}"
+    migrate(url)
+    return url
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def backend(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def database_url(backend, request) -> str:
+    return request.getfixturevalue("pg_url" if backend == "postgres" else "sqlite_url")
+
+
+_servers: dict[str, ServerProcess] = {}
+
+
+@pytest.fixture(scope="session")
+def server(database_url):
+    """One server process per backend for the whole session (tests isolate by tenant)."""
+    running = _servers.get(database_url)
+    if running is None or running.process is None or running.process.poll() is not None:
+        running = ServerProcess(database_url, ["--lease-sweep-interval-seconds", "0.2"]).start()
+        _servers[database_url] = running
+    yield running
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for running in _servers.values():
+        running.stop()
+
+
+@pytest.fixture
+def tenant(database_url):
+    return new_tenant(database_url)
