@@ -236,3 +236,23 @@ def outcome_name(response) -> str:
 
 def stage_name(value: int) -> str:
     return common_pb2.Stage.Name(value)
+
+
+import contextlib  # noqa: E402
+
+from effect_ledger.errors import LedgerError  # noqa: E402
+
+
+@contextlib.contextmanager
+def raises_error(code: str, reason: str | None = None):
+    """Expect a LedgerError (from LedgerClient) with a gRPC code name and an ErrorInfo reason."""
+    try:
+        yield
+    except LedgerError as error:
+        actual_code = error.grpc_code.name  # type: ignore[attr-defined]
+        assert actual_code == code, f"expected {code}, got {actual_code} ({error.reason}: {error.message})"
+        if reason is not None:
+            assert error.reason == reason, f"expected reason {reason}, got {error.reason}: {error.message}"
+        raises_error.last = error  # type: ignore[attr-defined]
+    else:
+        raise AssertionError(f"expected {code} {reason or ''}, but the call succeeded")

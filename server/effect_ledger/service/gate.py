@@ -597,7 +597,7 @@ def combine(
         binding.append(Reason("TOOL_UNKNOWN", "no contract is registered for this tool"))
     elif current.retired:
         binding.append(Reason("TOOL_RETIRED", "the tool is retired and can never be authorized"))
-    if pinned is None:
+    elif pinned is None:
         binding.append(Reason("CONTRACT_MISSING", "the effect's pinned contract revision is missing"))
     if binding:
         policy_extra = tuple(r for r in policy_reasons if r not in binding)
