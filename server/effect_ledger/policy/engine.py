@@ -101,10 +101,10 @@ def default_policy_dir() -> Path:
     """
     from importlib import resources
 
-    try:
-        return Path(str(resources.files("effect_ledger._policy")))
-    except ModuleNotFoundError:
-        source_tree = Path(__file__).resolve().parents[3] / "policy"
-        if not source_tree.is_dir():
-            raise SystemExit("the packaged policy is missing; pass --policy-dir") from None
-        return source_tree
+    packaged = Path(str(resources.files("effect_ledger") / "_policy"))
+    if packaged.is_dir():
+        return packaged
+    source_tree = Path(__file__).resolve().parents[3] / "policy"
+    if not source_tree.is_dir():
+        raise SystemExit("the packaged policy is missing; pass --policy-dir")
+    return source_tree
