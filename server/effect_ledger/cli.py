@@ -97,6 +97,8 @@ def command_serve(options: argparse.Namespace) -> int:
         lease_sweep_interval_seconds=options.lease_sweep_interval_seconds,
         database_pool_size=options.database_pool_size,
         port_file=options.port_file,
+        approval_ttl_seconds_default=options.approval_ttl_seconds_default,
+        approval_ttl_seconds_max=options.approval_ttl_seconds_max,
     )
     policy, reload = _build_policy(options)
 
@@ -275,6 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--lease-sweep-interval-seconds", type=float, default=float(_env("lease-sweep-interval-seconds", "1")))
     serve.add_argument("--database-pool-size", type=int, default=int(_env("database-pool-size", "10")))
     serve.add_argument("--port-file", default=_env("port-file"), help="write the bound port here")
+    serve.add_argument("--approval-ttl-seconds-default", type=int, default=int(_env("approval-ttl-seconds-default", "3600")))
+    serve.add_argument("--approval-ttl-seconds-max", type=int, default=int(_env("approval-ttl-seconds-max", "604800")))
     serve.set_defaults(handler=command_serve)
 
     migrate = commands.add_parser("migrate", help="apply database migrations")

@@ -38,4 +38,7 @@ class ServerSettings:
     health_check_interval_seconds: float = 1.0
     database_pool_size: int = 10
     port_file: str = ""
+    # Approvals expire after this long unless the request asks for less (or more, up to the max).
+    approval_ttl_seconds_default: int = 3600
+    approval_ttl_seconds_max: int = 7 * 86_400
     limits: Limits = Limits()

@@ -38,10 +38,58 @@ valid_time if {
 	time.parse_rfc3339_ns(input.now) > 0
 }
 
-# --- approval --------------------------------------------------------------------------
+# --- budgets ---------------------------------------------------------------------------
+# The database enforces posted + pending <= limit whatever this says; denying here only
+# answers earlier, with the same reason, from the facts read for this decision.
+
+deny contains reason("BUDGET_EXHAUSTED", msg) if {
+	some budget in input.budgets
+	budget.estimate > budget.available
+	msg := sprintf("dimension %s: the estimate %d exceeds the %d available in budget %s", [budget.dimension, budget.estimate, budget.available, budget.budget_id])
+}
+
+# --- approvals -------------------------------------------------------------------------
+
+# Distinct reviewers an approval needs, per tool (1 when not listed).
+quorums := {}
+
+# Tools whose reusable approvals stay usable after an ALLOW (none: every approval is single-use).
+reusable_approval_tools := set()
+
+quorum := object.get(quorums, input.request.tool, 1)
+
+needs_approval if input.contract.effect_class == "IRREVERSIBLE"
+
+# The service computes binding_problems (run, tool, revision, digest, state, expiry, reviewers'
+# current authority); policy adds its quorum.
+valid_approvals contains approval.approval_id if {
+	some approval in input.approvals
+	count(approval.binding_problems) == 0
+	count(approval.valid_approvers) >= quorum
+}
+
+deny contains reason("APPROVAL_DENIED", msg) if {
+	needs_approval
+	count(valid_approvals) == 0
+	some approval in input.approvals
+	approval.state == "DENIED"
+	msg := sprintf("approval %s was denied by %s", [approval.approval_id, approval.denied_by])
+}
 
 require_approval contains reason("IRREVERSIBLE_TOOL", "an irreversible effect needs a human approval") if {
-	input.contract.effect_class == "IRREVERSIBLE"
+	needs_approval
+	count(valid_approvals) == 0
+}
+
+chosen_approval := sort(valid_approvals)[0]
+
+default reuse_approval := false
+
+reuse_approval := true if {
+	input.request.tool in reusable_approval_tools
+	some approval in input.approvals
+	approval.approval_id == chosen_approval
+	approval.reusable == true
 }
 
 # --- the decision ----------------------------------------------------------------------
@@ -52,7 +100,7 @@ decision := {"outcome": "DENY", "reasons": sorted_reasons(deny)} if {
 	count(deny) > 0
 }
 
-decision := {"outcome": "REQUIRE_APPROVAL", "reasons": sorted_reasons(require_approval)} if {
+decision := {"outcome": "REQUIRE_APPROVAL", "reasons": sorted_reasons(require_approval), "quorum": quorum} if {
 	count(deny) == 0
 	count(require_approval) > 0
 }
@@ -60,6 +108,13 @@ decision := {"outcome": "REQUIRE_APPROVAL", "reasons": sorted_reasons(require_ap
 decision := {"outcome": "ALLOW", "reasons": []} if {
 	count(deny) == 0
 	count(require_approval) == 0
+	not needs_approval
+}
+
+decision := {"outcome": "ALLOW", "reasons": [], "approval_id": chosen_approval, "reuse_approval": reuse_approval} if {
+	count(deny) == 0
+	count(require_approval) == 0
+	needs_approval
 }
 
 reason(code, message) := {"code": code, "message": message}

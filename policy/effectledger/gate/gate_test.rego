@@ -74,7 +74,7 @@ test_an_unknown_effect_elsewhere_does_not_block_a_retry_of_the_same_effect if {
 }
 
 test_requires_approval_for_an_irreversible_tool if {
-	gate.decision == {"outcome": "REQUIRE_APPROVAL", "reasons": [{"code": "IRREVERSIBLE_TOOL", "message": "an irreversible effect needs a human approval"}]} with input as with_fact("contract", object.union(contract, {"effect_class": "IRREVERSIBLE"}))
+	gate.decision == {"outcome": "REQUIRE_APPROVAL", "quorum": 1, "reasons": [{"code": "IRREVERSIBLE_TOOL", "message": "an irreversible effect needs a human approval"}]} with input as with_fact("contract", object.union(contract, {"effect_class": "IRREVERSIBLE"}))
 }
 
 test_a_denial_wins_over_approval if {
@@ -88,4 +88,68 @@ test_denies_without_a_valid_clock if {
 test_several_denials_are_sorted_by_code if {
 	codes := [r.code | some r in gate.decision.reasons] with input as object.union(with_fact("principal", {"id": "a", "tenant": "acme", "roles": []}), {"contract": null})
 	codes == ["ROLE_NOT_AGENT", "TOOL_UNKNOWN"]
+}
+
+# --- approvals ---------------------------------------------------------------------------
+
+irreversible := object.union(contract, {"effect_class": "IRREVERSIBLE"})
+
+approval(id, problems, approvers, state) := {
+	"approval_id": id,
+	"state": state,
+	"reusable": false,
+	"quorum": 1,
+	"valid_approvers": approvers,
+	"denied_by": null,
+	"requested_by": "agent-1",
+	"binding_problems": problems,
+}
+
+with_approvals(approvals) := object.union(with_fact("contract", irreversible), {"approvals": approvals})
+
+test_a_valid_approval_allows_and_is_named if {
+	gate.decision == {"outcome": "ALLOW", "reasons": [], "approval_id": "apr_1", "reuse_approval": false} with input as with_approvals([approval("apr_1", [], ["rev-1"], "APPROVED")])
+}
+
+test_an_approval_with_binding_problems_does_not_count if {
+	gate.decision.outcome == "REQUIRE_APPROVAL" with input as with_approvals([approval("apr_1", ["APPROVAL_NOT_BOUND_TO_INTENT"], ["rev-1"], "APPROVED")])
+}
+
+test_an_approval_without_approvers_does_not_count if {
+	gate.decision.outcome == "REQUIRE_APPROVAL" with input as with_approvals([approval("apr_1", [], [], "APPROVED")])
+}
+
+test_a_denial_denies_and_names_itself if {
+	denied := object.union(approval("apr_2", ["APPROVAL_DENIED"], [], "DENIED"), {"denied_by": "rev-2"})
+	gate.decision == {"outcome": "DENY", "reasons": [{"code": "APPROVAL_DENIED", "message": "approval apr_2 was denied by rev-2"}]} with input as with_approvals([denied])
+}
+
+test_a_new_valid_approval_wins_over_an_old_denial if {
+	denied := object.union(approval("apr_2", ["APPROVAL_DENIED"], [], "DENIED"), {"denied_by": "rev-2"})
+	gate.decision.approval_id == "apr_3" with input as with_approvals([denied, approval("apr_3", [], ["rev-1"], "APPROVED")])
+}
+
+test_a_quorum_counts_distinct_valid_approvers if {
+	gate.decision.outcome == "REQUIRE_APPROVAL" with input as with_approvals([approval("apr_1", [], ["rev-1"], "APPROVED")]) with gate.quorums as {"email.send": 2}
+	gate.decision.quorum == 2 with input as with_approvals([approval("apr_1", [], ["rev-1"], "APPROVED")]) with gate.quorums as {"email.send": 2}
+	gate.decision.outcome == "ALLOW" with input as with_approvals([approval("apr_1", [], ["rev-1", "rev-2"], "APPROVED")]) with gate.quorums as {"email.send": 2}
+}
+
+test_reuse_only_for_listed_tools_and_reusable_approvals if {
+	reusable := object.union(approval("apr_1", [], ["rev-1"], "APPROVED"), {"reusable": true})
+	gate.decision.reuse_approval == false with input as with_approvals([reusable])
+	gate.decision.reuse_approval == true with input as with_approvals([reusable]) with gate.reusable_approval_tools as {"email.send"}
+	gate.decision.reuse_approval == false with input as with_approvals([approval("apr_1", [], ["rev-1"], "APPROVED")]) with gate.reusable_approval_tools as {"email.send"}
+}
+
+# --- budgets -----------------------------------------------------------------------------
+
+test_an_estimate_over_the_available_amount_is_denied_early if {
+	budget := {"budget_id": "bud_1", "scope": "TENANT", "scope_id": "", "dimension": "usd_micros", "limit": 1000, "posted": 900, "pending": 50, "available": 50, "estimate": 100}
+	gate.decision == {"outcome": "DENY", "reasons": [{"code": "BUDGET_EXHAUSTED", "message": "dimension usd_micros: the estimate 100 exceeds the 50 available in budget bud_1"}]} with input as with_fact("budgets", [budget])
+}
+
+test_an_estimate_that_fits_is_allowed if {
+	budget := {"budget_id": "bud_1", "scope": "TENANT", "scope_id": "", "dimension": "usd_micros", "limit": 1000, "posted": 900, "pending": 0, "available": 100, "estimate": 100}
+	gate.decision == allow with input as with_fact("budgets", [budget])
 }

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 from decimal import Decimal
 from typing import Any
 
@@ -26,6 +27,7 @@ from effect_ledger.errors import InvalidArgument
 
 SAFE_INTEGER_MAX = 2**53 - 1
 DEPTH_MAX = 32
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class _Refused(ValueError):
@@ -52,6 +54,10 @@ def _as_double(text: str) -> float:
 
 
 def _parse_int(text: str) -> int | float:
+    if len(text.lstrip("-")) > len(str(SAFE_INTEGER_MAX)):
+        # Beyond the safe range for sure; int() would also refuse texts over 4300 digits
+        # with a plain ValueError (sys.get_int_max_str_digits), which is no client error.
+        return _as_double(text)
     value = int(text)
     if -SAFE_INTEGER_MAX <= value <= SAFE_INTEGER_MAX:
         return value
@@ -85,12 +91,30 @@ def _depth(value: Any) -> int:
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, level = stack.pop()
-        deepest = max(deepest, level)
+        # Only objects and arrays nest; a number or string inside the innermost one adds no level.
         if isinstance(item, dict):
+            deepest = max(deepest, level)
             stack.extend((child, level + 1) for child in item.values())
         elif isinstance(item, list):
+            deepest = max(deepest, level)
             stack.extend((child, level + 1) for child in item)
     return deepest
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """True when a string or key holds a lone surrogate (a ``\\ud800`` escape): not Unicode text."""
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def parse_json(
@@ -129,6 +153,13 @@ def parse_json(
     if _depth(value) > DEPTH_MAX:
         raise InvalidArgument.field(
             field, f"nests deeper than {DEPTH_MAX} levels", reason="JSON_TOO_DEEP"
+        )
+    if _has_lone_surrogate(value):
+        # RFC 8785 cannot serialize it (and it has no UTF-8 form): refuse it here, not later.
+        raise InvalidArgument.field(
+            field,
+            "holds an unpaired surrogate escape, which is not Unicode text",
+            reason="JSON_INVALID",
         )
     return value
 

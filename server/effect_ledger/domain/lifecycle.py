@@ -165,6 +165,8 @@ class Report:
     reason: str = ""
     receipt: Receipt | None = None
     failure_evidence: FailureEvidence | None = None
+    # SUCCEEDED: actual usage per dimension (the estimate is posted for dimensions not named).
+    usage: dict[str, int] | None = None
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,7 @@ class ToolContract:
     retired_reason: str = ""
     created_at: datetime | None = None
     created_by: str = ""
+    default_estimate: dict[str, int] = field(default_factory=dict)
 
     def same_terms(self, other: ToolContract) -> bool:
         """True when a put of ``other`` would change nothing."""
@@ -103,6 +104,7 @@ class ToolContract:
             and self.max_attempts == other.max_attempts
             and self.lease_seconds == other.lease_seconds
             and self.retired == other.retired
+            and self.default_estimate == other.default_estimate
         )
 
     def as_policy_fact(self) -> dict[str, Any]:
@@ -117,6 +119,7 @@ class ToolContract:
             "max_attempts": self.max_attempts,
             "lease_seconds": self.lease_seconds,
             "retired": self.retired,
+            "default_estimate": dict(sorted(self.default_estimate.items())),
         }
 
 
@@ -144,6 +147,7 @@ class Attempt:
     outcome_reason: str = ""
     failure_evidence: FailureEvidence | None = None
     receipt: Receipt | None = None
+    approval_id: str = ""
 
 
 @dataclass
@@ -180,6 +184,8 @@ class Run:
     revision: int
     head_hash: str
     labels: dict[str, str]
+    root_run_id: str = ""
+    parent_run_id: str | None = None
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,9 @@ def build_policy_input(
     run_open_effects: list[dict[str, Any]],
     run_open_effects_limit: int,
     target_unknown_effects: list[dict[str, Any]],
+    estimate: dict[str, int],
+    budgets: list[dict[str, Any]],
+    approvals: list[dict[str, Any]],
 ) -> dict[str, Any]:
     return {
         "version": INPUT_VERSION,
@@ -86,4 +89,7 @@ def build_policy_input(
         "run_open_effects": run_open_effects,
         "run_open_effects_truncated": len(run_open_effects) >= run_open_effects_limit,
         "target_unknown_effects": target_unknown_effects,
+        "estimate": dict(sorted(estimate.items())),
+        "budgets": budgets,
+        "approvals": approvals,
     }

@@ -25,6 +25,7 @@ from effect_ledger.policy.engine import (
     parse_decision,
     policy_files,
     revision_of,
+    undefined,
 )
 
 log = logging.getLogger(__name__)
@@ -69,8 +70,14 @@ class EmbeddedRegoEngine:
             engine.set_input_json(json.dumps(policy_input))
             value = engine.eval_rule(QUERY)
         except Exception as error:  # noqa: BLE001 - any engine fault fails closed
+            if str(error).startswith("not a valid rule path"):
+                # regorus's answer when the policy has no such rule; OPA calls it undefined.
+                raise undefined(f"{QUERY} is undefined (no such rule)") from error
+            # The first line only: the rest is the engine's stack trace, logged, never sent.
+            log.warning("embedded policy evaluation failed: %s", error)
+            first_line = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
             raise PolicyUnavailable(
-                f"the embedded policy engine failed: {error}", metadata={"engine": ENGINE_NAME}
+                f"the embedded policy engine failed: {first_line}", metadata={"engine": ENGINE_NAME}
             ) from error
         return parse_decision(value, engine=ENGINE_NAME, revision=revision)
 

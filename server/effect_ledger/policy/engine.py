@@ -28,6 +28,12 @@ class PolicyDecision:
     reasons: tuple[Reason, ...]
     engine: str
     revision: str
+    # ALLOW: the approval the decision relies on (the service re-checks its binding facts).
+    approval_id: str = ""
+    # ALLOW: policy lets a reusable approval stay usable instead of being used up.
+    reuse_approval: bool = False
+    # REQUIRE_APPROVAL: distinct reviewers policy asks for.
+    quorum: int = 1
 
 
 class PolicyEngine(Protocol):
@@ -75,7 +81,24 @@ def parse_decision(value: Any, *, engine: str, revision: str) -> PolicyDecision:
         reasons.append(Reason(item["code"][:128], message[:1024] if isinstance(message, str) else ""))
     if outcome != Outcome.ALLOW and not reasons:
         raise undefined(f"{outcome.value} without a reason")
-    return PolicyDecision(outcome, tuple(sorted(set(reasons), key=lambda r: r.code)), engine, revision)
+    approval_id = value.get("approval_id", "")
+    reuse_approval = value.get("reuse_approval", False)
+    quorum = value.get("quorum", 1)
+    if not isinstance(approval_id, str) or len(approval_id) > 64:
+        raise undefined("approval_id must be a string")
+    if not isinstance(reuse_approval, bool):
+        raise undefined("reuse_approval must be a boolean")
+    if isinstance(quorum, bool) or not isinstance(quorum, int) or not 1 <= quorum <= 10:
+        raise undefined("quorum must be an integer from 1 to 10")
+    return PolicyDecision(
+        outcome,
+        tuple(sorted(set(reasons), key=lambda r: r.code)),
+        engine,
+        revision,
+        approval_id=approval_id if outcome == Outcome.ALLOW else "",
+        reuse_approval=reuse_approval,
+        quorum=quorum,
+    )
 
 
 def policy_files(policy_dir: Path) -> list[Path]:

@@ -6,7 +6,7 @@ decides is written together with the decision record and the trace events, or no
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from effect_ledger.config import Limits
@@ -29,9 +29,13 @@ from effect_ledger.domain.model import (
     Principal,
     Reason,
     Receipt,
+    Run,
     Stage,
     ToolContract,
 )
+from effect_ledger.domain import budgets as budget_rules
+from effect_ledger.domain.approvals import Intent
+from effect_ledger.domain.budgets import Budget
 from effect_ledger.domain.policy_input import build_policy_input
 from effect_ledger.errors import (
     CommitThenRaise,
@@ -41,7 +45,11 @@ from effect_ledger.errors import (
     NotFound,
     PreconditionViolation,
 )
-from effect_ledger.policy.engine import PolicyEngine
+from effect_ledger.policy.engine import PolicyDecision, PolicyEngine
+from effect_ledger.service import approvals, budgets
+from effect_ledger.service.approvals import ApprovalSettings
+from effect_ledger.service.budgets import Settlement
+from effect_ledger.storage import budget_store
 from effect_ledger.storage import repository as repo
 from effect_ledger.storage.engine import UnitOfWork
 
@@ -56,6 +64,29 @@ class AuthorizeRequest:
     arguments_json: bytes
     idempotency_key: str
     target: str
+    estimate: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class IntentFacts:
+    run: Run
+    effect: Effect | None
+    current: ToolContract | None
+    pinned: ToolContract | None
+    revision: int
+    digest: str
+    verdict: LedgerVerdict
+    intent: Intent
+
+
+@dataclass(frozen=True)
+class Admission:
+    effect: Effect | None
+    attempt: Attempt | None
+    approval_request_id: str
+    reservation_ids: tuple[str, ...]
+    approval_id: str
+    refusal: tuple[Reason, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -70,6 +101,8 @@ class AuthorizeResult:
     receipt: Receipt | None
     tool_revision: int
     effect_stage: Stage | None
+    approval_request_id: str = ""
+    reservation_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -132,8 +165,9 @@ def expired_in_memory(effect: Effect, now: Any) -> list[tuple[Attempt, Stage]]:
     return changed
 
 
-def expire_leases(unit: UnitOfWork, tenant_id: str, effect: Effect, principal_id: str) -> list[Attempt]:
-    """Expire leases by the database clock and record each expiry in the run's trace."""
+async def expire_leases(unit: UnitOfWork, tenant_id: str, effect: Effect, principal_id: str) -> int:
+    """Expire leases by the database clock: record each expiry in the trace, save it, and let
+    go of the money of attempts that were never dispatched (a dispatched one keeps it held)."""
     changed = expired_in_memory(effect, unit.now)
     for attempt, previous in changed:
         unit.record_event(
@@ -148,7 +182,11 @@ def expire_leases(unit: UnitOfWork, tenant_id: str, effect: Effect, principal_id
             },
             principal_id,
         )
-    return [attempt for attempt, _ in changed]
+    if changed:
+        await _save(unit, tenant_id, effect, [attempt for attempt, _ in changed])
+        never_dispatched = [attempt for attempt, previous in changed if previous == Stage.AUTHORIZED]
+        await budgets.settle(unit, tenant_id, never_dispatched, Settlement.EXPIRE)
+    return len(changed)
 
 
 async def _save(unit: UnitOfWork, tenant_id: str, effect: Effect, attempts: list[Attempt]) -> None:
@@ -167,9 +205,7 @@ async def _locked_effect(unit: UnitOfWork, principal: Principal, effect_id: str)
     effect = await repo.effect_by_id(unit.connection, principal.tenant_id, effect_id, lock=True)
     if effect is None:
         raise NotFound("effect", effect_id)
-    expired = expire_leases(unit, principal.tenant_id, effect, principal.principal_id)
-    if expired:
-        await _save(unit, principal.tenant_id, effect, expired)
+    await expire_leases(unit, principal.tenant_id, effect, principal.principal_id)
     return effect
 
 
@@ -177,13 +213,82 @@ async def _locked_effect(unit: UnitOfWork, principal: Principal, effect_id: str)
 
 
 class Gate:
-    def __init__(self, policy: PolicyEngine, limits: Limits) -> None:
+    def __init__(self, policy: PolicyEngine, limits: Limits, approval_settings: ApprovalSettings | None = None) -> None:
         self.policy = policy
         self.limits = limits
+        self.approval_settings = approval_settings or ApprovalSettings()
 
     async def authorize(
         self, unit: UnitOfWork, principal: Principal, request: AuthorizeRequest, arguments: dict[str, Any]
     ) -> AuthorizeResult:
+        facts = await self._intent_facts(unit, principal, request, arguments)
+        if facts.verdict.kind == VerdictKind.KEY_REUSED:
+            await self._refuse_reused_key(unit, principal, request, facts.effect, facts.digest, facts.verdict)
+        contract = facts.pinned or facts.current
+        estimate = budget_rules.validate_amounts(
+            budget_rules.merged_estimate(request.estimate, contract.default_estimate if contract else {}),
+            "estimate",
+            await budgets.known_dimensions(unit, principal.tenant_id),
+        )
+        applicable = await budget_store.applicable_budgets(
+            unit.connection, principal.tenant_id, facts.run.run_id, facts.run.root_run_id, unit.now
+        )
+        policy_input = await self._policy_input(unit, principal, request, arguments, facts, estimate, applicable)
+        policy_decision = await self.policy.evaluate(policy_input)
+        outcome, reasons = combine(facts.verdict, policy_decision.outcome, policy_decision.reasons, facts.current, facts.pinned)
+        input_bytes = canonical_bytes(policy_input)
+        decision = Decision(
+            decision_id=repo.new_id("dec"),
+            run_id=facts.run.run_id,
+            effect_id=facts.effect.effect_id if facts.effect is not None else None,
+            attempt_id=None,
+            outcome=outcome,
+            reasons=reasons,
+            policy_revision=policy_decision.revision,
+            engine=policy_decision.engine,
+            input_digest=sha256_hex(input_bytes),
+            input_json=input_bytes,
+            intent_digest=facts.digest,
+            idempotency_key=request.idempotency_key,
+            principal_id=principal.principal_id,
+            tool=request.tool,
+            created_at=unit.now,
+        )
+        admitted = Admission(facts.effect, None, "", (), "")
+        if outcome == Outcome.ALLOW:
+            admitted = await self._admit(unit, principal, request, arguments, facts, policy_decision, estimate, applicable, decision.decision_id)
+            if admitted.refusal:
+                decision = replace(decision, outcome=Outcome.DENY, reasons=admitted.refusal)
+            else:
+                decision = replace(decision, effect_id=admitted.effect.effect_id, attempt_id=admitted.attempt.attempt_id)
+        elif outcome == Outcome.REQUIRE_APPROVAL:
+            requested = await approvals.ensure_request(
+                unit, principal, facts.intent, request.target, arguments,
+                quorum=policy_decision.quorum, reusable=False,
+                reason="the gate answered REQUIRE_APPROVAL", ttl_seconds=self.approval_settings.ttl_seconds_default,
+            )
+            admitted = replace(admitted, approval_request_id=requested.approval_id)
+        await repo.insert_decision(unit.connection, principal.tenant_id, decision)
+        effect = admitted.effect
+        return AuthorizeResult(
+            outcome=decision.outcome,
+            effect_id=effect.effect_id if effect is not None else "",
+            attempt=admitted.attempt,
+            intent_digest=facts.digest,
+            reasons=decision.reasons,
+            decision_id=decision.decision_id,
+            policy_revision=policy_decision.revision,
+            receipt=effect.receipt if (effect is not None and outcome == Outcome.DUPLICATE) else None,
+            tool_revision=facts.revision,
+            effect_stage=effect.stage if effect is not None else None,
+            approval_request_id=admitted.approval_request_id,
+            reservation_ids=admitted.reservation_ids,
+        )
+
+    async def _intent_facts(
+        self, unit: UnitOfWork, principal: Principal, request: AuthorizeRequest, arguments: dict[str, Any]
+    ) -> IntentFacts:
+        """The run, the effect bound to the key (leases expired), the contracts, the digest, the verdict."""
         tenant = principal.tenant_id
         connection = unit.connection
         run = await repo.get_run(connection, tenant, request.run_id)
@@ -192,9 +297,7 @@ class Gate:
         effect = await repo.effect_by_key(connection, tenant, request.idempotency_key, lock=True)
         current = await repo.latest_contract(connection, tenant, request.tool)
         if effect is not None:
-            expired = expire_leases(unit, tenant, effect, principal.principal_id)
-            if expired:
-                await _save(unit, tenant, effect, expired)
+            await expire_leases(unit, tenant, effect, principal.principal_id)
             pinned = (
                 current
                 if current is not None and current.tool == effect.tool and current.revision == effect.tool_revision
@@ -204,12 +307,8 @@ class Gate:
         else:
             pinned = current
             revision = current.revision if current is not None else 0
-        digest = intent_digest(
-            tool=request.tool, tool_revision=revision, target=request.target, arguments=arguments
-        )
+        digest = intent_digest(tool=request.tool, tool_revision=revision, target=request.target, arguments=arguments)
         verdict = lifecycle.ledger_verdict(effect, pinned, digest)
-        if verdict.kind == VerdictKind.KEY_REUSED:
-            await self._refuse_reused_key(unit, principal, request, effect, digest, verdict)
         if verdict.kind == VerdictKind.NEW_EFFECT and current is not None and current.arguments_schema:
             violations = argument_violations(current.arguments_schema, arguments)
             if violations:
@@ -218,72 +317,89 @@ class Gate:
                     reason="ARGUMENTS_SCHEMA_VIOLATION",
                     violations=violations,
                 )
-        policy_input = build_policy_input(
+        intent = Intent(run.run_id, request.tool, revision, digest)
+        return IntentFacts(run, effect, current, pinned if effect is not None else current, revision, digest, verdict, intent)
+
+    async def _policy_input(
+        self,
+        unit: UnitOfWork,
+        principal: Principal,
+        request: AuthorizeRequest,
+        arguments: dict[str, Any],
+        facts: IntentFacts,
+        estimate: dict[str, int],
+        applicable: list[Budget],
+    ) -> dict[str, Any]:
+        tenant = principal.tenant_id
+        connection = unit.connection
+        effect = facts.effect
+        return build_policy_input(
             now=unit.now,
             principal=principal,
-            run=run,
+            run=facts.run,
             tool=request.tool,
             target=request.target,
             idempotency_key=request.idempotency_key,
             arguments=arguments,
-            intent_digest=digest,
-            contract=current,
-            pinned_contract=pinned if effect is not None else None,
+            intent_digest=facts.digest,
+            contract=facts.current,
+            pinned_contract=facts.pinned if effect is not None else None,
             effect=effect,
-            verdict=verdict,
+            verdict=facts.verdict,
             run_open_effects=await repo.open_effect_summaries(
-                connection, tenant, run.run_id, self.limits.run_open_effects_in_policy_max
+                connection, tenant, facts.run.run_id, self.limits.run_open_effects_in_policy_max
             ),
             run_open_effects_limit=self.limits.run_open_effects_in_policy_max,
             target_unknown_effects=[
                 item
                 for item in await repo.unknown_effects_on_target(
-                    connection, tenant, request.tool, request.target,
-                    self.limits.target_unknown_effects_in_policy_max,
+                    connection, tenant, request.tool, request.target, self.limits.target_unknown_effects_in_policy_max
                 )
                 if effect is None or item["effect_id"] != effect.effect_id
             ],
+            estimate=estimate,
+            budgets=[budget.as_policy_fact(estimate.get(budget.dimension, 0)) for budget in applicable],
+            approvals=await approvals.facts_for_intent(unit, principal, facts.intent),
         )
-        policy_decision = await self.policy.evaluate(policy_input)
-        outcome, reasons = combine(verdict, policy_decision.outcome, policy_decision.reasons, current, pinned)
-        input_bytes = canonical_bytes(policy_input)
-        decision = Decision(
-            decision_id=repo.new_id("dec"),
-            run_id=run.run_id,
-            effect_id=effect.effect_id if effect is not None else None,
-            attempt_id=None,
-            outcome=outcome,
-            reasons=reasons,
-            policy_revision=policy_decision.revision,
-            engine=policy_decision.engine,
-            input_digest=sha256_hex(input_bytes),
-            input_json=input_bytes,
-            intent_digest=digest,
-            idempotency_key=request.idempotency_key,
-            principal_id=principal.principal_id,
-            tool=request.tool,
-            created_at=unit.now,
+
+    async def _admit(
+        self,
+        unit: UnitOfWork,
+        principal: Principal,
+        request: AuthorizeRequest,
+        arguments: dict[str, Any],
+        facts: IntentFacts,
+        policy_decision: PolicyDecision,
+        estimate: dict[str, int],
+        applicable: list[Budget],
+        decision_id: str,
+    ) -> Admission:
+        """Turn policy's ALLOW into an attempt: the approval it relied on is re-checked (binding
+        facts, whatever policy said), the estimate reserved, then the approval used up."""
+        assert facts.pinned is not None  # combine() never allows without a contract
+        approval = None
+        if policy_decision.approval_id:
+            approval, problems = await approvals.usable_approval(unit, principal, policy_decision.approval_id, facts.intent)
+            if problems:
+                refusal = tuple(Reason(code, f"approval {policy_decision.approval_id}") for code in problems)
+                return Admission(facts.effect, None, "", (), "", (Reason("APPROVAL_INVALID", "the approval policy relied on does not bind this intent"),) + refusal)
+        effect_id = facts.effect.effect_id if facts.effect is not None else repo.new_id("eff")
+        attempt_id = repo.new_id("att")
+        reservation_ids, exhausted = await budgets.reserve(
+            unit, principal.tenant_id, applicable, estimate, attempt_id, effect_id
         )
-        attempt = None
-        if outcome == Outcome.ALLOW:
-            assert pinned is not None  # combine() never allows without a contract
-            effect, attempt = await self._create_attempt(
-                unit, principal, request, arguments, digest, pinned, effect, verdict, decision.decision_id
+        if exhausted is not None:
+            return Admission(
+                facts.effect, None, "", (), "",
+                (Reason("BUDGET_EXHAUSTED", f"dimension {exhausted}: the estimate does not fit in the budget"),),
             )
-            decision = replace(decision, effect_id=effect.effect_id, attempt_id=attempt.attempt_id)
-        await repo.insert_decision(connection, tenant, decision)
-        return AuthorizeResult(
-            outcome=outcome,
-            effect_id=effect.effect_id if effect is not None else "",
-            attempt=attempt,
-            intent_digest=digest,
-            reasons=reasons,
-            decision_id=decision.decision_id,
-            policy_revision=policy_decision.revision,
-            receipt=effect.receipt if (effect is not None and outcome == Outcome.DUPLICATE) else None,
-            tool_revision=revision,
-            effect_stage=effect.stage if effect is not None else None,
+        effect, attempt = await self._create_attempt(
+            unit, principal, request, arguments, facts.digest, facts.pinned, facts.effect, facts.verdict,
+            decision_id, effect_id, attempt_id, approval.approval_id if approval else "",
         )
+        if approval is not None and not (approval.reusable and policy_decision.reuse_approval):
+            await approvals.consume(unit, principal, approval, attempt.attempt_id)
+        return Admission(effect, attempt, "", tuple(reservation_ids), approval.approval_id if approval else "")
 
     async def _refuse_reused_key(
         self,
@@ -346,12 +462,15 @@ class Gate:
         effect: Effect | None,
         verdict: LedgerVerdict,
         decision_id: str,
+        effect_id: str,
+        attempt_id: str,
+        approval_id: str,
     ) -> tuple[Effect, Attempt]:
         tenant = principal.tenant_id
         created = effect is None
         if effect is None:
             effect = Effect(
-                effect_id=repo.new_id("eff"),
+                effect_id=effect_id,
                 run_id=request.run_id,
                 tool=request.tool,
                 tool_revision=contract.revision,
@@ -367,7 +486,7 @@ class Gate:
                 # Another replica bound the key first: start over and answer from its effect.
                 raise Conflict("the idempotency key was bound concurrently")
         attempt = Attempt(
-            attempt_id=repo.new_id("att"),
+            attempt_id=attempt_id,
             effect_id=effect.effect_id,
             number=len(effect.attempts) + 1,
             stage=Stage.AUTHORIZED,
@@ -378,6 +497,7 @@ class Gate:
             lease_expires_at=lifecycle.lease_until(unit.now, contract.lease_seconds),
             authorized_at=unit.now,
             decision_id=decision_id,
+            approval_id=approval_id,
         )
         await repo.insert_attempt(unit.connection, tenant, attempt)
         effect.attempts.append(attempt)
@@ -401,6 +521,7 @@ class Gate:
                 "intent_digest": effect.intent_digest,
                 "provider_key_reused": attempt.provider_key_reused,
                 "lease_expires_at": attempt.lease_expires_at.isoformat(),
+                "approval_id": approval_id,
             },
             principal.principal_id,
         )
@@ -412,6 +533,11 @@ class Gate:
         self, unit: UnitOfWork, principal: Principal, attempt_id: str, report: Report
     ) -> AttemptResult:
         tenant = principal.tenant_id
+        if report.usage:
+            usage = budget_rules.validate_amounts(
+                report.usage, "succeeded.usage", await budgets.known_dimensions(unit, tenant), keep_zero=True
+            )
+            report = replace(report, usage=usage)
         effect, attempt = await self._locked_attempt(unit, principal, attempt_id)
         transition = lifecycle.apply_report(attempt, report)
         event_payload = {
@@ -440,11 +566,28 @@ class Gate:
             # The lease restarts at dispatch, so a long call can heartbeat from here.
             attempt.lease_expires_at = lifecycle.lease_until(unit.now, await _lease_seconds(unit, tenant, effect))
         await _save(unit, tenant, effect, [attempt])
+        await self._settle(unit, principal, effect, attempt, transition.stage, report.usage)
         unit.record_event(
             tenant, effect.run_id, f"attempt.{transition.stage.value.lower()}",
             {**event_payload, "stage": transition.stage.value}, principal.principal_id,
         )
         return AttemptResult(attempt, effect.stage, changed=True)
+
+    async def _settle(
+        self, unit: UnitOfWork, principal: Principal, effect: Effect, attempt: Attempt, stage: Stage,
+        usage: dict[str, int] | None,
+    ) -> None:
+        """The money follows the outcome: SUCCEEDED posts, a definite no voids, UNKNOWN holds."""
+        tenant = principal.tenant_id
+        if stage == Stage.SUCCEEDED:
+            reserved = await budget_store.pending_reservations_of_attempts(unit.connection, tenant, [attempt.attempt_id])
+            await budgets.settle(unit, tenant, [attempt], Settlement.POST, usage)
+            if usage:
+                run = await repo.get_run(unit.connection, tenant, effect.run_id)
+                assert run is not None
+                await budgets.post_unreserved_usage(unit, tenant, run, usage, {r.dimension for r in reserved})
+        elif stage in (Stage.FAILED, Stage.RELEASED):
+            await budgets.settle(unit, tenant, [attempt], Settlement.VOID)
 
     def _apply(self, unit: UnitOfWork, effect: Effect, attempt: Attempt, stage: Stage, report: Report) -> None:
         attempt.stage = stage
@@ -534,6 +677,7 @@ class Gate:
         effect.reconciled_by = principal.principal_id
         effect.reconcile_reason = not_happened_reason if receipt is None else "receipt"
         await _save(unit, tenant, effect, settled)
+        await budgets.settle(unit, tenant, settled, Settlement.POST if receipt is not None else Settlement.VOID)
         unit.record_event(
             tenant, effect.run_id, "effect.reconciled",
             {**payload, "attempts": list(result.settled_attempts), "stage": effect.stage.value},
@@ -621,7 +765,4 @@ async def sweep_expired_leases(unit: UnitOfWork, tenant_id: str, effect_id: str)
     effect = await repo.effect_by_id(unit.connection, tenant_id, effect_id, lock=True)
     if effect is None:
         return 0
-    expired = expire_leases(unit, tenant_id, effect, SYSTEM_SWEEPER)
-    if expired:
-        await _save(unit, tenant_id, effect, expired)
-    return len(expired)
+    return await expire_leases(unit, tenant_id, effect, SYSTEM_SWEEPER)

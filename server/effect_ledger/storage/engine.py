@@ -94,8 +94,13 @@ def _install_sqlite_events(sync_engine: Engine, busy_timeout_ms: int) -> None:
 
 
 def _postgres_connect_args(settings: DatabaseSettings) -> dict[str, Any]:
+    # connect_args replace the URL's own ``?options=``: keep those (the operator's search_path,
+    # synchronous_commit, ...) in front, so the limits below still win where both set one.
+    given = make_url(normalize_url(settings.url)).query.get("options", ())
+    given_text = " ".join(given) if isinstance(given, tuple) else given
     options = (
-        f"-c statement_timeout={settings.statement_timeout_ms} "
+        (f"{given_text} " if given_text else "")
+        + f"-c statement_timeout={settings.statement_timeout_ms} "
         f"-c lock_timeout={settings.lock_timeout_ms} "
         # A transaction left open by a stuck process releases its locks after 30 s.
         "-c idle_in_transaction_session_timeout=30000"
@@ -244,9 +249,11 @@ class Database:
                         result = await work(unit)
                     except CommitThenRaise as commit_then_raise:
                         pending = commit_then_raise
-                if pending is not None:
-                    raise pending.error
-                return result
+            except Conflict as conflict:
+                # The work itself saw that it lost a race (the transaction was rolled back):
+                # run it again, so it answers from what the winner committed.
+                last = conflict
+                continue
             except LedgerError:
                 raise
             except Exception as error:  # noqa: BLE001 - classified below, re-raised otherwise
@@ -257,6 +264,9 @@ class Database:
                     last = mapped
                     continue
                 raise mapped from error
+            if pending is not None:
+                raise pending.error  # committed: never retried
+            return result
         assert last is not None
         raise last
 

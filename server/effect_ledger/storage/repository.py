@@ -93,6 +93,7 @@ def _contract(row: Row[Any]) -> ToolContract:
         retired_reason=row.retired_reason,
         created_at=row.created_at,
         created_by=row.created_by,
+        default_estimate=json.loads(row.default_estimate),
     )
 
 
@@ -147,6 +148,7 @@ async def insert_contract(
             retired_reason=contract.retired_reason,
             created_at=contract.created_at,
             created_by=contract.created_by,
+            default_estimate=_canonical_text(contract.default_estimate),
         )
     )
 
@@ -187,6 +189,8 @@ def _run(row: Row[Any]) -> Run:
         revision=row.revision,
         head_hash=row.head_hash,
         labels=json.loads(row.labels),
+        root_run_id=row.root_run_id,
+        parent_run_id=row.parent_run_id,
     )
 
 
@@ -199,9 +203,13 @@ async def insert_run(
     now: datetime,
     labels: dict[str, str],
     request_id: str | None,
+    parent_run_id: str | None = None,
+    root_run_id: str | None = None,
 ) -> None:
     await connection.execute(
         insert(runs).values(
+            parent_run_id=parent_run_id,
+            root_run_id=root_run_id or run_id,
             tenant_id=tenant_id,
             run_id=run_id,
             created_by=created_by,
@@ -352,6 +360,7 @@ def _attempt_from_prefixed(row: Row[Any]) -> Attempt | None:
         outcome_reason=values["a_outcome_reason"],
         failure_evidence=FailureEvidence(evidence) if evidence else None,
         receipt=receipt,
+        approval_id=values["a_approval_id"] or "",
     )
 
 
@@ -374,7 +383,25 @@ def _effect(row: Row[Any]) -> Effect:
 
 
 async def _load_effects(connection: AsyncConnection, where: Any, lock: bool) -> list[Effect]:
-    """Effects with their attempts in one round trip; ``lock`` takes the effect rows FOR UPDATE."""
+    """Effects with their attempts; ``lock`` takes the effect rows FOR UPDATE first.
+
+    The lock is taken by a statement of its own, before the read. Under READ COMMITTED a
+    statement that waited for a row lock re-reads only the locked row when the holder commits,
+    not the rows joined to it: a join ``FOR UPDATE OF effects`` returned the new effect row with
+    the attempts as they were before the holder's commit (a DUPLICATE without its receipt, a
+    report applied to a stale attempt and overwriting a newer stage). The read below starts
+    after the lock is held, so it sees everything the previous holder committed; it reads only
+    the rows that were locked (a row committed between the two statements is not locked).
+    """
+    if lock:
+        locked = (
+            await connection.execute(
+                select(effects.c.effect_id).where(where).order_by(effects.c.effect_id).with_for_update()
+            )
+        ).scalars().all()
+        if not locked:
+            return []
+        where = and_(where, effects.c.effect_id.in_(locked))
     query = (
         select(effects, *_ATTEMPT_COLUMNS)
         .select_from(
@@ -386,8 +413,6 @@ async def _load_effects(connection: AsyncConnection, where: Any, lock: bool) -> 
         .where(where)
         .order_by(effects.c.effect_id, attempts.c.number)
     )
-    if lock:
-        query = query.with_for_update(of=effects)
     found: dict[str, Effect] = {}
     for row in (await connection.execute(query)).all():
         effect = found.get(row.effect_id)
@@ -552,6 +577,7 @@ async def insert_attempt(connection: AsyncConnection, tenant_id: str, attempt: A
             provider_key_reused=attempt.provider_key_reused,
             authorized_at=attempt.authorized_at,
             decision_id=attempt.decision_id,
+            approval_id=attempt.approval_id or None,
             **_attempt_values(attempt),
         )
     )

@@ -11,6 +11,7 @@ from datetime import datetime, timezone
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    CheckConstraint,
     Column,
     DateTime,
     ForeignKeyConstraint,
@@ -97,6 +98,7 @@ tool_contracts = Table(
     Column("retired_reason", Text, nullable=False),
     Column("created_at", UtcDateTime, nullable=False),
     Column("created_by", String(128), nullable=False),
+    Column("default_estimate", Text, nullable=False, server_default="{}"),  # canonical JSON object
     PrimaryKeyConstraint("tenant_id", "tool", "revision"),
 )
 
@@ -111,6 +113,9 @@ runs = Table(
     Column("head_hash", String(64), nullable=False),
     Column("labels", Text, nullable=False),  # canonical JSON object
     Column("create_request_id", String(256), nullable=True),
+    # Forks: the run this one was forked from, and the root of its tree (itself for a root).
+    Column("parent_run_id", ID, nullable=True),
+    Column("root_run_id", ID, nullable=False),
     PrimaryKeyConstraint("tenant_id", "run_id"),
     UniqueConstraint("tenant_id", "create_request_id"),
 )
@@ -177,6 +182,7 @@ attempts = Table(
     Column("receipt_detail", Text, nullable=True),  # canonical JSON
     Column("receipt_digest", String(64), nullable=True),
     Column("receipt_recorded_at", UtcDateTime, nullable=True),
+    Column("approval_id", ID, nullable=True),
     PrimaryKeyConstraint("tenant_id", "attempt_id"),
     UniqueConstraint("tenant_id", "effect_id", "number"),
     ForeignKeyConstraint(["tenant_id", "effect_id"], ["effects.tenant_id", "effects.effect_id"]),
@@ -205,4 +211,136 @@ decisions = Table(
     Column("created_at", UtcDateTime, nullable=False),
     PrimaryKeyConstraint("tenant_id", "decision_id"),
     Index(None, "tenant_id", "run_id", "created_at"),
+)
+
+# --- approvals -----------------------------------------------------------------------------
+
+approvals = Table(
+    "approvals",
+    metadata,
+    Column("tenant_id", TENANT, nullable=False),
+    Column("approval_id", ID, nullable=False),
+    Column("run_id", ID, nullable=False),
+    Column("tool", String(128), nullable=False),
+    Column("tool_revision", BigInteger, nullable=False),
+    Column("target", String(1024), nullable=False),
+    Column("intent_digest", String(64), nullable=False),
+    Column("arguments", Text, nullable=False),  # canonical JSON object
+    Column("requested_by", String(128), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("reusable", Boolean, nullable=False),
+    Column("quorum", Integer, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("expires_at", UtcDateTime, nullable=False),
+    Column("updated_at", UtcDateTime, nullable=False),
+    Column("consumed_by_attempt", ID, nullable=False),
+    Column("revoked_by", String(128), nullable=False),
+    Column("revoke_reason", Text, nullable=False),
+    PrimaryKeyConstraint("tenant_id", "approval_id"),
+    ForeignKeyConstraint(["tenant_id", "run_id"], ["runs.tenant_id", "runs.run_id"]),
+    Index(None, "tenant_id", "run_id", "intent_digest"),
+    Index(None, "tenant_id", "state", "tool"),
+)
+
+approval_votes = Table(
+    "approval_votes",
+    metadata,
+    Column("tenant_id", TENANT, nullable=False),
+    Column("approval_id", ID, nullable=False),
+    Column("reviewer_id", String(128), nullable=False),
+    Column("approve", Boolean, nullable=False),
+    Column("comment", Text, nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    # One vote per reviewer: a quorum counts distinct reviewers.
+    PrimaryKeyConstraint("tenant_id", "approval_id", "reviewer_id"),
+    ForeignKeyConstraint(["tenant_id", "approval_id"], ["approvals.tenant_id", "approvals.approval_id"]),
+)
+
+# Per-tenant counters (approval event sequence). Incrementing one locks its row, so sequences
+# commit in order and a watcher reading "sequence > cursor" never skips a late committer.
+tenant_counters = Table(
+    "tenant_counters",
+    metadata,
+    Column("tenant_id", TENANT, nullable=False),
+    Column("name", String(64), nullable=False),
+    Column("value", BigInteger, nullable=False),
+    PrimaryKeyConstraint("tenant_id", "name"),
+)
+
+approval_events = Table(
+    "approval_events",
+    metadata,
+    Column("tenant_id", TENANT, nullable=False),
+    Column("sequence", BigInteger, nullable=False),
+    Column("approval_id", ID, nullable=False),
+    Column("run_id", ID, nullable=False),
+    Column("tool", String(128), nullable=False),
+    Column("type", String(64), nullable=False),
+    Column("principal_id", String(128), nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    PrimaryKeyConstraint("tenant_id", "sequence"),
+)
+
+# --- budgets -------------------------------------------------------------------------------
+
+budgets = Table(
+    "budgets",
+    metadata,
+    Column("tenant_id", TENANT, nullable=False),
+    Column("budget_id", ID, nullable=False),
+    Column("scope", String(16), nullable=False),
+    Column("scope_id", ID, nullable=False),  # "" for the tenant scope
+    Column("dimension", String(64), nullable=False),
+    Column("limit_amount", BigInteger, nullable=False),
+    Column("posted", BigInteger, nullable=False),
+    Column("pending", BigInteger, nullable=False),
+    Column("reset_period_seconds", BigInteger, nullable=True),
+    Column("period_started_at", UtcDateTime, nullable=False),
+    Column("period_ends_at", UtcDateTime, nullable=True),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("updated_at", UtcDateTime, nullable=False),
+    PrimaryKeyConstraint("tenant_id", "budget_id"),
+    UniqueConstraint("tenant_id", "scope", "scope_id", "dimension"),
+    CheckConstraint("limit_amount >= 0", name="limit_not_negative"),
+    CheckConstraint("posted >= 0", name="posted_not_negative"),
+    CheckConstraint("pending >= 0", name="pending_not_negative"),
+)
+
+reservations = Table(
+    "reservations",
+    metadata,
+    Column("tenant_id", TENANT, nullable=False),
+    Column("reservation_id", ID, nullable=False),
+    Column("budget_id", ID, nullable=False),
+    Column("attempt_id", ID, nullable=False),
+    Column("effect_id", ID, nullable=False),
+    Column("dimension", String(64), nullable=False),
+    Column("amount", BigInteger, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("posted_amount", BigInteger, nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("settled_at", UtcDateTime, nullable=True),
+    PrimaryKeyConstraint("tenant_id", "reservation_id"),
+    ForeignKeyConstraint(["tenant_id", "budget_id"], ["budgets.tenant_id", "budgets.budget_id"]),
+    Index(None, "tenant_id", "attempt_id"),
+    Index(None, "tenant_id", "budget_id", "state"),
+)
+
+usage_records = Table(
+    "usage_records",
+    metadata,
+    Column("tenant_id", TENANT, nullable=False),
+    Column("usage_id", ID, nullable=False),
+    Column("run_id", ID, nullable=False),
+    Column("provider", String(128), nullable=False),
+    Column("model", String(128), nullable=False),
+    Column("segment", String(256), nullable=False),
+    Column("usage", Text, nullable=False),  # canonical JSON object dimension -> amount
+    Column("request_id", String(256), nullable=True),
+    Column("principal_id", String(128), nullable=False),
+    Column("recorded_at", UtcDateTime, nullable=False),
+    PrimaryKeyConstraint("tenant_id", "usage_id"),
+    UniqueConstraint("tenant_id", "request_id"),
+    ForeignKeyConstraint(["tenant_id", "run_id"], ["runs.tenant_id", "runs.run_id"]),
 )

@@ -71,6 +71,7 @@ def contract_from_proto(message: tools_pb2.ToolContract) -> ToolContract:
         arguments_schema=schema,
         max_attempts=message.max_attempts,
         lease_seconds=message.lease_seconds,
+        default_estimate=dict(message.default_estimate),
     )
 
 
@@ -91,6 +92,7 @@ def contract_to_proto(contract: ToolContract) -> tools_pb2.ToolContract:
         created_at=timestamp(contract.created_at),
         created_by=contract.created_by,
         retired_reason=contract.retired_reason,
+        default_estimate=contract.default_estimate,
     )
 
 
@@ -164,6 +166,9 @@ def authorize_response(result: AuthorizeResult) -> gate_pb2.AuthorizeEffectRespo
         tool_revision=result.tool_revision,
         effect_stage=stage_value(result.effect_stage),
         attempt_number=attempt.number if attempt else 0,
+        approval_request_id=result.approval_request_id,
+        approval_id=attempt.approval_id if attempt else "",
+        reservation_ids=list(result.reservation_ids),
     )
 
 
@@ -185,6 +190,7 @@ def attempt_to_proto(attempt: Attempt) -> gate_pb2.Attempt:
         ),
         receipt=receipt_to_proto(attempt.receipt),
         provider_key_reused=attempt.provider_key_reused,
+        approval_id=attempt.approval_id,
     )
 
 
@@ -242,3 +248,88 @@ def outcome_name(value: int) -> Outcome:
 
 def payload(event: runs_pb2.RunEvent) -> dict:
     return json.loads(event.payload_json)
+
+
+# --- approvals and budgets -----------------------------------------------------------------
+
+from effect_ledger.domain.approvals import Approval, ApprovalState  # noqa: E402
+from effect_ledger.domain.budgets import Budget, Reservation, ReservationState, Scope  # noqa: E402
+from effectledger.v1 import approvals_pb2, budgets_pb2  # noqa: E402
+
+
+def approval_to_proto(approval: Approval, now: datetime) -> approvals_pb2.Approval:
+    return approvals_pb2.Approval(
+        approval_id=approval.approval_id,
+        run_id=approval.run_id,
+        tool=approval.tool,
+        tool_revision=approval.tool_revision,
+        target=approval.target,
+        intent_digest=approval.intent_digest,
+        arguments_json=canonical.canonical_bytes(approval.arguments),
+        requested_by=approval.requested_by,
+        state=approvals_pb2.ApprovalState.Value(approval.effective_state(now).value),
+        reusable=approval.reusable,
+        quorum=approval.quorum,
+        reason=approval.reason,
+        created_at=timestamp(approval.created_at),
+        expires_at=timestamp(approval.expires_at),
+        updated_at=timestamp(approval.updated_at),
+        votes=[
+            approvals_pb2.ApprovalVote(
+                reviewer_id=vote.reviewer_id, approve=vote.approve, comment=vote.comment, created_at=timestamp(vote.created_at)
+            )
+            for vote in approval.votes
+        ],
+        consumed_by_attempt=approval.consumed_by_attempt,
+        revoked_by=approval.revoked_by,
+        revoke_reason=approval.revoke_reason,
+    )
+
+
+def approval_state_filter(value: int) -> str:
+    if value == 0:
+        return ""
+    try:
+        return ApprovalState(approvals_pb2.ApprovalState.Name(value)).value
+    except ValueError:
+        raise InvalidArgument.field("state", f"unknown value {value}", reason="INVALID_ENUM") from None
+
+
+def scope_from_proto(value: int) -> Scope:
+    return Scope(_enum_name(budgets_pb2.BudgetScope, value, "scope"))
+
+
+def budget_to_proto(budget: Budget) -> budgets_pb2.Budget:
+    return budgets_pb2.Budget(
+        budget_id=budget.budget_id,
+        scope=budgets_pb2.BudgetScope.Value(budget.scope.value),
+        scope_id=budget.scope_id,
+        dimension=budget.dimension,
+        limit=budget.limit,
+        posted=budget.posted,
+        pending=budget.pending,
+        available=budget.available,
+        reset_period_seconds=budget.reset_period_seconds or 0,
+        period_started_at=timestamp(budget.period_started_at),
+        created_at=timestamp(budget.created_at),
+        updated_at=timestamp(budget.updated_at),
+        exhausted=budget.exhausted,
+    )
+
+
+def reservation_to_proto(reservation: Reservation) -> budgets_pb2.Reservation:
+    return budgets_pb2.Reservation(
+        reservation_id=reservation.reservation_id,
+        budget_id=reservation.budget_id,
+        attempt_id=reservation.attempt_id,
+        effect_id=reservation.effect_id,
+        dimension=reservation.dimension,
+        amount=reservation.amount,
+        state=budgets_pb2.ReservationState.Value(f"RESERVATION_{reservation.state.value}"),
+        posted_amount=reservation.posted_amount,
+        created_at=timestamp(reservation.created_at),
+        settled_at=timestamp(reservation.settled_at),
+    )
+
+
+RESERVATION_STATES = {state: budgets_pb2.ReservationState.Value(f"RESERVATION_{state.value}") for state in ReservationState}

@@ -26,7 +26,20 @@ from effect_ledger.transport.servicers import (
     RunsServicer,
     ToolRegistryServicer,
 )
-from effectledger.v1 import gate_pb2, gate_pb2_grpc, runs_pb2, runs_pb2_grpc, tools_pb2, tools_pb2_grpc
+from effect_ledger.service.approvals import ApprovalSettings
+from effect_ledger.transport.servicers_approvals import ApprovalsServicer, BudgetsServicer
+from effectledger.v1 import (
+    approvals_pb2,
+    approvals_pb2_grpc,
+    budgets_pb2,
+    budgets_pb2_grpc,
+    gate_pb2,
+    gate_pb2_grpc,
+    runs_pb2,
+    runs_pb2_grpc,
+    tools_pb2,
+    tools_pb2_grpc,
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +47,8 @@ SERVICE_NAMES = (
     gate_pb2.DESCRIPTOR.services_by_name["Gate"].full_name,
     runs_pb2.DESCRIPTOR.services_by_name["Runs"].full_name,
     tools_pb2.DESCRIPTOR.services_by_name["ToolRegistry"].full_name,
+    approvals_pb2.DESCRIPTOR.services_by_name["Approvals"].full_name,
+    budgets_pb2.DESCRIPTOR.services_by_name["Budgets"].full_name,
 )
 
 
@@ -142,8 +157,15 @@ async def start_server(settings: ServerSettings, database: Database, policy: Pol
             ("grpc.so_reuseport", 0),
         ],
     )
-    app = Application(database, Gate(policy, limits), limits)
+    approval_settings = ApprovalSettings(
+        ttl_seconds_default=settings.approval_ttl_seconds_default,
+        ttl_seconds_max=settings.approval_ttl_seconds_max,
+        arguments_size_max_bytes=limits.arguments_size_max_bytes,
+    )
+    app = Application(database, Gate(policy, limits, approval_settings), limits)
     tools_pb2_grpc.add_ToolRegistryServicer_to_server(ToolRegistryServicer(app), server)
+    approvals_pb2_grpc.add_ApprovalsServicer_to_server(ApprovalsServicer(app, approval_settings), server)
+    budgets_pb2_grpc.add_BudgetsServicer_to_server(BudgetsServicer(app), server)
     runs_pb2_grpc.add_RunsServicer_to_server(RunsServicer(app), server)
     gate_pb2_grpc.add_GateServicer_to_server(GateServicer(app), server)
     health_servicer = health.aio.HealthServicer()

@@ -179,6 +179,7 @@ class GateServicer(gate_pb2_grpc.GateServicer):
             arguments_json=request.arguments_json,
             idempotency_key=request.idempotency_key,
             target=request.target,
+            estimate=dict(request.estimate),
         )
         arguments = validate_authorize(command, self.app.limits)
         result = await self.app.call(
@@ -220,6 +221,7 @@ class GateServicer(gate_pb2_grpc.GateServicer):
                 receipt=parse_receipt(
                     receipt.provider_reference, receipt.detail_json, unit.now, self.app.limits, "succeeded.receipt"
                 ),
+                usage=dict(request.succeeded.usage) or None,
             )
         if which == "failed":
             check_text(request.failed.reason, "failed.reason", required=True)

@@ -21,21 +21,30 @@ NOT_SENT: FailureEvidence
 PROVIDER_REJECTED: FailureEvidence
 
 class AuthorizeEffectRequest(_message.Message):
-    __slots__ = ("run_id", "tool", "arguments_json", "idempotency_key", "target")
+    __slots__ = ("run_id", "tool", "arguments_json", "idempotency_key", "target", "estimate")
+    class EstimateEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TOOL_FIELD_NUMBER: _ClassVar[int]
     ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATE_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     tool: str
     arguments_json: bytes
     idempotency_key: str
     target: str
-    def __init__(self, run_id: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[bytes] = ..., idempotency_key: _Optional[str] = ..., target: _Optional[str] = ...) -> None: ...
+    estimate: _containers.ScalarMap[str, int]
+    def __init__(self, run_id: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[bytes] = ..., idempotency_key: _Optional[str] = ..., target: _Optional[str] = ..., estimate: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class AuthorizeEffectResponse(_message.Message):
-    __slots__ = ("outcome", "effect_id", "attempt_id", "provider_idempotency_key", "lease_expires_at", "intent_digest", "reasons", "decision_id", "policy_revision", "receipt", "provider_key_reused", "tool_revision", "effect_stage", "attempt_number")
+    __slots__ = ("outcome", "effect_id", "attempt_id", "provider_idempotency_key", "lease_expires_at", "intent_digest", "reasons", "decision_id", "policy_revision", "receipt", "provider_key_reused", "tool_revision", "effect_stage", "attempt_number", "approval_request_id", "approval_id", "reservation_ids")
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     EFFECT_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +59,9 @@ class AuthorizeEffectResponse(_message.Message):
     TOOL_REVISION_FIELD_NUMBER: _ClassVar[int]
     EFFECT_STAGE_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    APPROVAL_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    APPROVAL_ID_FIELD_NUMBER: _ClassVar[int]
+    RESERVATION_IDS_FIELD_NUMBER: _ClassVar[int]
     outcome: _common_pb2.Outcome
     effect_id: str
     attempt_id: str
@@ -64,7 +76,10 @@ class AuthorizeEffectResponse(_message.Message):
     tool_revision: int
     effect_stage: _common_pb2.Stage
     attempt_number: int
-    def __init__(self, outcome: _Optional[_Union[_common_pb2.Outcome, str]] = ..., effect_id: _Optional[str] = ..., attempt_id: _Optional[str] = ..., provider_idempotency_key: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., intent_digest: _Optional[str] = ..., reasons: _Optional[_Iterable[_Union[_common_pb2.Reason, _Mapping]]] = ..., decision_id: _Optional[str] = ..., policy_revision: _Optional[str] = ..., receipt: _Optional[_Union[_common_pb2.Receipt, _Mapping]] = ..., provider_key_reused: _Optional[bool] = ..., tool_revision: _Optional[int] = ..., effect_stage: _Optional[_Union[_common_pb2.Stage, str]] = ..., attempt_number: _Optional[int] = ...) -> None: ...
+    approval_request_id: str
+    approval_id: str
+    reservation_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, outcome: _Optional[_Union[_common_pb2.Outcome, str]] = ..., effect_id: _Optional[str] = ..., attempt_id: _Optional[str] = ..., provider_idempotency_key: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., intent_digest: _Optional[str] = ..., reasons: _Optional[_Iterable[_Union[_common_pb2.Reason, _Mapping]]] = ..., decision_id: _Optional[str] = ..., policy_revision: _Optional[str] = ..., receipt: _Optional[_Union[_common_pb2.Receipt, _Mapping]] = ..., provider_key_reused: _Optional[bool] = ..., tool_revision: _Optional[int] = ..., effect_stage: _Optional[_Union[_common_pb2.Stage, str]] = ..., attempt_number: _Optional[int] = ..., approval_request_id: _Optional[str] = ..., approval_id: _Optional[str] = ..., reservation_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RecordDispatchRequest(_message.Message):
     __slots__ = ("attempt_id",)
@@ -81,10 +96,19 @@ class RenewLeaseRequest(_message.Message):
 class RecordOutcomeRequest(_message.Message):
     __slots__ = ("attempt_id", "succeeded", "failed", "unknown")
     class Succeeded(_message.Message):
-        __slots__ = ("receipt",)
+        __slots__ = ("receipt", "usage")
+        class UsageEntry(_message.Message):
+            __slots__ = ("key", "value")
+            KEY_FIELD_NUMBER: _ClassVar[int]
+            VALUE_FIELD_NUMBER: _ClassVar[int]
+            key: str
+            value: int
+            def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
         RECEIPT_FIELD_NUMBER: _ClassVar[int]
+        USAGE_FIELD_NUMBER: _ClassVar[int]
         receipt: _common_pb2.Receipt
-        def __init__(self, receipt: _Optional[_Union[_common_pb2.Receipt, _Mapping]] = ...) -> None: ...
+        usage: _containers.ScalarMap[str, int]
+        def __init__(self, receipt: _Optional[_Union[_common_pb2.Receipt, _Mapping]] = ..., usage: _Optional[_Mapping[str, int]] = ...) -> None: ...
     class Failed(_message.Message):
         __slots__ = ("reason", "evidence")
         REASON_FIELD_NUMBER: _ClassVar[int]
@@ -171,7 +195,7 @@ class GetDecisionRequest(_message.Message):
     def __init__(self, decision_id: _Optional[str] = ...) -> None: ...
 
 class Attempt(_message.Message):
-    __slots__ = ("attempt_id", "effect_id", "number", "stage", "provider_idempotency_key", "lease_expires_at", "authorized_at", "dispatched_at", "finished_at", "decision_id", "outcome_reason", "failure_evidence", "receipt", "provider_key_reused")
+    __slots__ = ("attempt_id", "effect_id", "number", "stage", "provider_idempotency_key", "lease_expires_at", "authorized_at", "dispatched_at", "finished_at", "decision_id", "outcome_reason", "failure_evidence", "receipt", "provider_key_reused", "approval_id")
     ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
     EFFECT_ID_FIELD_NUMBER: _ClassVar[int]
     NUMBER_FIELD_NUMBER: _ClassVar[int]
@@ -186,6 +210,7 @@ class Attempt(_message.Message):
     FAILURE_EVIDENCE_FIELD_NUMBER: _ClassVar[int]
     RECEIPT_FIELD_NUMBER: _ClassVar[int]
     PROVIDER_KEY_REUSED_FIELD_NUMBER: _ClassVar[int]
+    APPROVAL_ID_FIELD_NUMBER: _ClassVar[int]
     attempt_id: str
     effect_id: str
     number: int
@@ -200,7 +225,8 @@ class Attempt(_message.Message):
     failure_evidence: FailureEvidence
     receipt: _common_pb2.Receipt
     provider_key_reused: bool
-    def __init__(self, attempt_id: _Optional[str] = ..., effect_id: _Optional[str] = ..., number: _Optional[int] = ..., stage: _Optional[_Union[_common_pb2.Stage, str]] = ..., provider_idempotency_key: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., authorized_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., dispatched_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., decision_id: _Optional[str] = ..., outcome_reason: _Optional[str] = ..., failure_evidence: _Optional[_Union[FailureEvidence, str]] = ..., receipt: _Optional[_Union[_common_pb2.Receipt, _Mapping]] = ..., provider_key_reused: _Optional[bool] = ...) -> None: ...
+    approval_id: str
+    def __init__(self, attempt_id: _Optional[str] = ..., effect_id: _Optional[str] = ..., number: _Optional[int] = ..., stage: _Optional[_Union[_common_pb2.Stage, str]] = ..., provider_idempotency_key: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., authorized_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., dispatched_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., decision_id: _Optional[str] = ..., outcome_reason: _Optional[str] = ..., failure_evidence: _Optional[_Union[FailureEvidence, str]] = ..., receipt: _Optional[_Union[_common_pb2.Receipt, _Mapping]] = ..., provider_key_reused: _Optional[bool] = ..., approval_id: _Optional[str] = ...) -> None: ...
 
 class Effect(_message.Message):
     __slots__ = ("effect_id", "run_id", "tool", "tool_revision", "target", "idempotency_key", "intent_digest", "arguments_json", "stage", "attempts", "receipt", "created_at", "updated_at", "reconciled_by", "reconcile_reason")

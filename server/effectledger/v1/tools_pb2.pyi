@@ -11,7 +11,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ToolContract(_message.Message):
-    __slots__ = ("tool", "revision", "effect_class", "provider_idempotency", "queryable", "allowed_recovery", "arguments_schema_json", "max_attempts", "lease_seconds", "retired", "created_at", "created_by", "retired_reason")
+    __slots__ = ("tool", "revision", "effect_class", "provider_idempotency", "queryable", "allowed_recovery", "arguments_schema_json", "max_attempts", "lease_seconds", "retired", "created_at", "created_by", "retired_reason", "default_estimate")
+    class DefaultEstimateEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     TOOL_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
     EFFECT_CLASS_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +32,7 @@ class ToolContract(_message.Message):
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     CREATED_BY_FIELD_NUMBER: _ClassVar[int]
     RETIRED_REASON_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_ESTIMATE_FIELD_NUMBER: _ClassVar[int]
     tool: str
     revision: int
     effect_class: _common_pb2.EffectClass
@@ -38,7 +46,8 @@ class ToolContract(_message.Message):
     created_at: _timestamp_pb2.Timestamp
     created_by: str
     retired_reason: str
-    def __init__(self, tool: _Optional[str] = ..., revision: _Optional[int] = ..., effect_class: _Optional[_Union[_common_pb2.EffectClass, str]] = ..., provider_idempotency: _Optional[bool] = ..., queryable: _Optional[bool] = ..., allowed_recovery: _Optional[_Iterable[_Union[_common_pb2.Recovery, str]]] = ..., arguments_schema_json: _Optional[bytes] = ..., max_attempts: _Optional[int] = ..., lease_seconds: _Optional[int] = ..., retired: _Optional[bool] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_by: _Optional[str] = ..., retired_reason: _Optional[str] = ...) -> None: ...
+    default_estimate: _containers.ScalarMap[str, int]
+    def __init__(self, tool: _Optional[str] = ..., revision: _Optional[int] = ..., effect_class: _Optional[_Union[_common_pb2.EffectClass, str]] = ..., provider_idempotency: _Optional[bool] = ..., queryable: _Optional[bool] = ..., allowed_recovery: _Optional[_Iterable[_Union[_common_pb2.Recovery, str]]] = ..., arguments_schema_json: _Optional[bytes] = ..., max_attempts: _Optional[int] = ..., lease_seconds: _Optional[int] = ..., retired: _Optional[bool] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_by: _Optional[str] = ..., retired_reason: _Optional[str] = ..., default_estimate: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class PutToolContractRequest(_message.Message):
     __slots__ = ("contract", "expected_revision")
