@@ -1,0 +1,120 @@
+"""The gate fails closed when PostgreSQL refuses connections, and recovers by itself."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import psycopg
+import pytest
+from grpc_health.v1 import health_pb2
+from support import (
+    PG_ADMIN_URL,
+    ServerProcess,
+    authorize_request,
+    contract,
+    create_pg_database,
+    drop_pg_database,
+    migrate,
+    new_run,
+    new_tenant,
+    outcome_name,
+    psycopg_url,
+)
+
+from effect_ledger import errors
+from effectledger.v1 import gate_pb2
+
+pytestmark = pytest.mark.postgres
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+HEALTH_DEADLINE_SECONDS = 8.0
+
+
+def allow_connections(name: str, allowed: bool) -> None:
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as connection:
+        connection.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {"true" if allowed else "false"}')
+        if not allowed:
+            connection.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,)
+            )
+
+
+def health_or_none(server: ServerProcess):
+    try:
+        return server.health(timeout=1.0)
+    except grpc.RpcError:
+        return None
+
+
+def wait_health(server: ServerProcess, wanted: int, timeout: float) -> float:
+    """Poll until the health check answers ``wanted``; returns the seconds it took."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if health_or_none(server) == wanted:
+            return time.monotonic() - started
+        time.sleep(0.05)
+    raise AssertionError(f"health did not turn {wanted} within {timeout} s:\n{server.log()}")
+
+
+@pytest.fixture
+def lonely_database():
+    url = create_pg_database("el_outage")
+    migrate(url)
+    yield url
+    allow_connections(url.rsplit("/", 1)[1], True)
+    drop_pg_database(url)
+
+
+def test_authorize_fails_closed_while_the_database_refuses_then_recovers(lonely_database):
+    name = lonely_database.rsplit("/", 1)[1]
+    tenant = new_tenant(lonely_database)
+    server = ServerProcess(lonely_database).start()
+    try:
+        admin, agent = tenant.client(server, "admin"), tenant.client(server, "agent")
+        admin.tools.PutToolContract(contract("email.send"))
+        run_id = new_run(agent)
+        before = agent.gate.AuthorizeEffect(authorize_request(run_id, "k-before"))
+        assert outcome_name(before) == "ALLOW"
+        assert server.health() == SERVING
+
+        allow_connections(name, False)
+        refused_keys, answered = [], []
+        for n in range(10):
+            key = f"k-outage-{n}"
+            refused_keys.append(key)
+            try:
+                response = agent.gate.AuthorizeEffect(authorize_request(run_id, key), timeout=15)
+            except errors.LedgerError as error:
+                assert error.grpc_code == grpc.StatusCode.UNAVAILABLE, error
+                assert isinstance(error, errors.StorageUnavailable) and error.reason == "STORAGE_UNAVAILABLE", error
+            else:
+                answered.append((key, outcome_name(response)))
+        assert sum(outcome == "ALLOW" for _, outcome in answered) == 0
+        assert answered == []
+        # Reads fail closed too, with the same reason (no INTERNAL).
+        with pytest.raises(errors.StorageUnavailable):
+            agent.gate.GetEffect(gate_pb2.GetEffectRequest(effect_id=before.effect_id))
+        wait_health(server, NOT_SERVING, HEALTH_DEADLINE_SECONDS)
+
+        allow_connections(name, True)
+        wait_health(server, SERVING, HEALTH_DEADLINE_SECONDS)
+        assert server.process.poll() is None  # recovered by itself, same process
+        after = agent.gate.AuthorizeEffect(authorize_request(run_id, "k-after"))
+        assert outcome_name(after) == "ALLOW"
+        # Nothing was written during the outage: no effect or decision for any refused key, and
+        # a refused key is still free.
+        with psycopg.connect(psycopg_url(lonely_database)) as connection:
+            for table in ("effects", "decisions"):
+                count = connection.execute(
+                    f"SELECT count(*) FROM {table} WHERE tenant_id = %s AND idempotency_key = ANY(%s)",
+                    (tenant.name, refused_keys),
+                ).fetchone()[0]
+                assert count == 0, table
+        again = agent.gate.AuthorizeEffect(authorize_request(run_id, refused_keys[0]))
+        assert outcome_name(again) == "ALLOW" and again.attempt_number == 1
+        open_ids = {e.effect_id for e in agent.gate.ListOpenEffects(gate_pb2.ListOpenEffectsRequest(run_id=run_id)).effects}
+        assert open_ids == {before.effect_id, after.effect_id, again.effect_id}
+    finally:
+        server.stop()
