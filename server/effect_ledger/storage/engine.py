@@ -22,6 +22,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from effect_ledger.faults import crash_point
 from effect_ledger.errors import CommitThenRaise, Conflict, LedgerError, StorageUnavailable
 
 log = logging.getLogger(__name__)
@@ -234,6 +235,7 @@ class Database:
                 unit = UnitOfWork(connection, await database_now(connection))
                 yield unit
                 await unit.flush_events()
+                crash_point("before_commit")
 
     async def run(self, work: Callable[[UnitOfWork], Awaitable[T]]) -> T:
         """Run ``work`` in one transaction; nothing it wrote survives an error it raises.

@@ -13,6 +13,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from effect_ledger import faults
 from effect_ledger.config import ServerSettings
 from effect_ledger.errors import DeadlineExceeded, LedgerError
 from effect_ledger.policy.engine import PolicyEngine
@@ -70,14 +71,20 @@ class ErrorsAndDeadlines(grpc.aio.ServerInterceptor):
         method = handler_call_details.method
         default_deadline = self.default_deadline_seconds
 
+        method_name = method.rsplit("/", 1)[-1]
+
         async def guarded(request, context):
+            faults.current_method.set(method_name)
             try:
                 if context.time_remaining() is not None:
-                    return await inner(request, context)  # gRPC enforces the caller's deadline
-                try:
-                    return await asyncio.wait_for(inner(request, context), default_deadline)
-                except TimeoutError:
-                    raise DeadlineExceeded(f"no answer within the default {default_deadline} s") from None
+                    response = await inner(request, context)  # gRPC enforces the caller's deadline
+                else:
+                    try:
+                        response = await asyncio.wait_for(inner(request, context), default_deadline)
+                    except TimeoutError:
+                        raise DeadlineExceeded(f"no answer within the default {default_deadline} s") from None
+                faults.crash_point("after_commit")
+                return response
             except LedgerError as error:
                 await context.abort_with_status(status.to_status(error))
             except asyncio.CancelledError:
