@@ -332,3 +332,11 @@ def test_options_for_non_object_and_empty_values():
     with pytest.raises(InvalidArgument) as caught:
         parse(b"[1,1e400]", require_object=False)
     assert caught.value.reason == "JSON_INVALID"
+
+
+def test_large_service_integers_are_written_exactly_in_canonical_order():
+    """64-bit budget amounts exceed JCS's integer domain; they are written as exact literals."""
+    value = {"b": [2**62, 1, "x"], "a": -(2**60) - 1, "c": "\u0000plain"}
+    text = canonical_bytes(value)
+    assert text == b'{"a":-1152921504606846977,"b":[4611686018427387904,1,"x"],"c":"\\u0000plain"}'
+    assert json.loads(text) == value

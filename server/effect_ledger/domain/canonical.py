@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 from decimal import Decimal
 from typing import Any
@@ -164,9 +165,35 @@ def parse_json(
     return value
 
 
+def _mark_large_integers(value: Any, nonce: str, found: list[int]) -> Any:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and not -SAFE_INTEGER_MAX <= value <= SAFE_INTEGER_MAX:
+        found.append(value)
+        return f"\u0000{nonce}:{value}"
+    if isinstance(value, dict):
+        return {key: _mark_large_integers(item, nonce, found) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_mark_large_integers(item, nonce, found) for item in value]
+    return value
+
+
 def canonical_bytes(value: Any) -> bytes:
-    """RFC 8785 (JCS) canonical form of a value already accepted by parse_json or built here."""
-    return rfc8785.dumps(value)
+    """RFC 8785 (JCS) canonical form of a value accepted by parse_json or built by the service.
+
+    One extension: an integer beyond +-(2**53 - 1), which JCS cannot express, is written as its
+    exact decimal literal. Client JSON never holds one (parse_json turns it into a double or
+    refuses it); only the service's own 64-bit amounts (budgets, usage) can.
+    """
+    try:
+        return rfc8785.dumps(value)
+    except rfc8785.IntegerDomainError:
+        nonce = os.urandom(8).hex()
+        found: list[int] = []
+        text = rfc8785.dumps(_mark_large_integers(value, nonce, found))
+        for number in found:
+            text = text.replace(f'"\\u0000{nonce}:{number}"'.encode(), str(number).encode())
+        return text
 
 
 def sha256_hex(data: bytes) -> str:
