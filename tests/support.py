@@ -256,3 +256,12 @@ def raises_error(code: str, reason: str | None = None):
         raises_error.last = error  # type: ignore[attr-defined]
     else:
         raise AssertionError(f"expected {code} {reason or ''}, but the call succeeded")
+
+
+def checkpoints_stub(server, token: str):
+    """The Checkpoints service through the same error-mapping wrapper as LedgerClient."""
+    from effect_ledger.client import _Stub
+    from effectledger.v1 import checkpoints_pb2_grpc
+
+    channel = grpc.insecure_channel(server.target)
+    return _Stub(checkpoints_pb2_grpc.CheckpointsStub(channel), (("authorization", f"Bearer {token}"),), 10.0)

@@ -99,6 +99,8 @@ def command_serve(options: argparse.Namespace) -> int:
         port_file=options.port_file,
         approval_ttl_seconds_default=options.approval_ttl_seconds_default,
         approval_ttl_seconds_max=options.approval_ttl_seconds_max,
+        checkpoint_signing_key=options.checkpoint_signing_key,
+        checkpoint_verification_key=options.checkpoint_verification_key,
     )
     policy, reload = _build_policy(options)
 
@@ -279,6 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port-file", default=_env("port-file"), help="write the bound port here")
     serve.add_argument("--approval-ttl-seconds-default", type=int, default=int(_env("approval-ttl-seconds-default", "3600")))
     serve.add_argument("--approval-ttl-seconds-max", type=int, default=int(_env("approval-ttl-seconds-max", "604800")))
+    serve.add_argument("--checkpoint-signing-key", default=_env("checkpoint-signing-key"), help="Ed25519 private key (PEM) that signs exports")
+    serve.add_argument("--checkpoint-verification-key", default=_env("checkpoint-verification-key"), help="Ed25519 public key (PEM); imports must be signed by its pair")
     serve.set_defaults(handler=command_serve)
 
     migrate = commands.add_parser("migrate", help="apply database migrations")

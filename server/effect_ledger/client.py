@@ -16,7 +16,14 @@ from grpc_status import rpc_status
 
 from effect_ledger import errors
 from effect_ledger.transport.status import ERROR_TABLE
-from effectledger.v1 import gate_pb2_grpc, runs_pb2_grpc, tools_pb2_grpc
+from effectledger.v1 import (
+    approvals_pb2_grpc,
+    budgets_pb2_grpc,
+    checkpoints_pb2_grpc,
+    gate_pb2_grpc,
+    runs_pb2_grpc,
+    tools_pb2_grpc,
+)
 
 _CLASS_BY_CODE = {grpc_code: error_class for error_class, grpc_code, _ in reversed(ERROR_TABLE)}
 _CLASS_BY_CODE[grpc.StatusCode.UNAVAILABLE] = errors.Unavailable
@@ -99,6 +106,9 @@ class LedgerClient:
         self.tools = _Stub(tools_pb2_grpc.ToolRegistryStub(self.channel), metadata, timeout_seconds)
         self.runs = _Stub(runs_pb2_grpc.RunsStub(self.channel), metadata, timeout_seconds)
         self.gate = _Stub(gate_pb2_grpc.GateStub(self.channel), metadata, timeout_seconds)
+        self.approvals = _Stub(approvals_pb2_grpc.ApprovalsStub(self.channel), metadata, timeout_seconds)
+        self.budgets = _Stub(budgets_pb2_grpc.BudgetsStub(self.channel), metadata, timeout_seconds)
+        self.checkpoints = _Stub(checkpoints_pb2_grpc.CheckpointsStub(self.channel), metadata, timeout_seconds)
 
     def close(self) -> None:
         self.channel.close()

@@ -41,4 +41,8 @@ class ServerSettings:
     # Approvals expire after this long unless the request asks for less (or more, up to the max).
     approval_ttl_seconds_default: int = 3600
     approval_ttl_seconds_max: int = 7 * 86_400
+    # Ed25519 keys (PEM files): exports are signed with the first; with the second configured,
+    # an import must carry a manifest signature that verifies.
+    checkpoint_signing_key: str = ""
+    checkpoint_verification_key: str = ""
     limits: Limits = Limits()

@@ -28,6 +28,33 @@ deny contains reason("TARGET_HAS_UNKNOWN_EFFECT", msg) if {
 	msg := sprintf("effect %s of the same tool on this target is UNKNOWN; reconcile it first", [other.effect_id])
 }
 
+# A simulated run (a fork for a counterfactual) never reaches a live tool, and a live run never
+# takes a simulator for the real thing.
+deny contains reason("LIVE_TOOL_IN_SIMULATED_WORLD", "a simulated run's effects never reach a live tool") if {
+	input.run.world == "SIMULATED"
+	not input.contract.simulator == true
+}
+
+deny contains reason("SIMULATOR_IN_LIVE_WORLD", "a simulator tool cannot act for a live run") if {
+	input.run.world != "SIMULATED"
+	input.contract.simulator == true
+}
+
+# After a resume, every effect open at that moment is reconciled before a new consequential one.
+deny contains reason("RECONCILE_AFTER_RESUME", msg) if {
+	input.ledger.creates_attempt
+	count(input.run.pending_reconciliation) > 0
+	input.contract.effect_class != "READ_ONLY"
+	not retrying_an_obligation
+	msg := sprintf("reconcile the effects open at the resume first: %s", [concat(", ", input.run.pending_reconciliation)])
+}
+
+retrying_an_obligation if {
+	input.effect.effect_id in input.run.pending_reconciliation
+	some ledger_reason in input.ledger.reasons
+	ledger_reason.code == "RETRY_SAME_KEY"
+}
+
 deny contains reason("CLOCK_MISSING", "the decision time is missing or malformed") if {
 	not valid_time
 }

@@ -153,3 +153,22 @@ test_an_estimate_that_fits_is_allowed if {
 	budget := {"budget_id": "bud_1", "scope": "TENANT", "scope_id": "", "dimension": "usd_micros", "limit": 1000, "posted": 900, "pending": 0, "available": 100, "estimate": 100}
 	gate.decision == allow with input as with_fact("budgets", [budget])
 }
+
+# --- worlds and resumes ------------------------------------------------------------------
+
+with_run(extra) := with_fact("run", object.union(base.run, extra))
+
+test_a_simulated_run_never_reaches_a_live_tool if {
+	gate.decision.reasons[0].code == "LIVE_TOOL_IN_SIMULATED_WORLD" with input as with_run({"world": "SIMULATED"})
+	gate.decision == allow with input as object.union(with_run({"world": "SIMULATED"}), {"contract": {"simulator": true}})
+}
+
+test_a_live_run_never_takes_a_simulator if {
+	gate.decision.reasons[0].code == "SIMULATOR_IN_LIVE_WORLD" with input as object.union(with_run({"world": "LIVE"}), {"contract": {"simulator": true}})
+}
+
+test_new_effects_wait_for_reconciliation_after_a_resume if {
+	gate.decision.reasons[0].code == "RECONCILE_AFTER_RESUME" with input as with_run({"pending_reconciliation": ["eff_1"]})
+	read_only := object.union(with_run({"pending_reconciliation": ["eff_1"]}), {"contract": {"effect_class": "READ_ONLY"}})
+	gate.decision == allow with input as read_only
+}

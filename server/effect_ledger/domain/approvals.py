@@ -103,9 +103,11 @@ def binding_problems(
     ):
         problems.append("APPROVAL_NOT_BOUND_TO_INTENT")
     state = approval.effective_state(now)
-    if state == ApprovalState.CONSUMED and not approval.reusable:
+    if state == ApprovalState.CONSUMED:
+        # Used up, reusable or not: a reusable approval that policy let stay usable is never
+        # consumed (it stays APPROVED), so a CONSUMED one was single-use for this policy.
         problems.append("APPROVAL_USED")
-    elif state not in (ApprovalState.APPROVED, ApprovalState.CONSUMED):
+    elif state != ApprovalState.APPROVED:
         problems.append(f"APPROVAL_{state.value}")
     if len(valid_approvers(approval, reviewers_with_authority)) < approval.quorum:
         problems.append("APPROVAL_QUORUM_NOT_MET")

@@ -92,6 +92,7 @@ class ToolContract:
     created_at: datetime | None = None
     created_by: str = ""
     default_estimate: dict[str, int] = field(default_factory=dict)
+    simulator: bool = False
 
     def same_terms(self, other: ToolContract) -> bool:
         """True when a put of ``other`` would change nothing."""
@@ -105,6 +106,7 @@ class ToolContract:
             and self.lease_seconds == other.lease_seconds
             and self.retired == other.retired
             and self.default_estimate == other.default_estimate
+            and self.simulator == other.simulator
         )
 
     def as_policy_fact(self) -> dict[str, Any]:
@@ -120,6 +122,7 @@ class ToolContract:
             "lease_seconds": self.lease_seconds,
             "retired": self.retired,
             "default_estimate": dict(sorted(self.default_estimate.items())),
+            "simulator": self.simulator,
         }
 
 
@@ -186,6 +189,12 @@ class Run:
     labels: dict[str, str]
     root_run_id: str = ""
     parent_run_id: str | None = None
+    world: str = "LIVE"
+    forked_from_checkpoint: str | None = None
+    segment: int = 1
+    provider: str = ""
+    model: str = ""
+    adapter: str = ""
 
 
 @dataclass(frozen=True)

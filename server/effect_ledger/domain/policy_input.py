@@ -56,6 +56,7 @@ def build_policy_input(
     estimate: dict[str, int],
     budgets: list[dict[str, Any]],
     approvals: list[dict[str, Any]],
+    pending_reconciliation: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     return {
         "version": INPUT_VERSION,
@@ -70,6 +71,10 @@ def build_policy_input(
             "created_by": run.created_by,
             "revision": run.revision,
             "labels": run.labels,
+            "world": run.world,
+            "segment": run.segment,
+            "parent_run_id": run.parent_run_id,
+            "pending_reconciliation": list(pending_reconciliation),
         },
         "request": {
             "tool": tool,

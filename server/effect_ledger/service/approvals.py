@@ -69,6 +69,7 @@ async def ensure_request(
     fewer reviewers than policy now asks for) is returned, its quorum raised to policy's."""
     tenant = principal.tenant_id
     quorum = max(1, min(quorum, rules.QUORUM_MAX))
+    await store.lock_intent(unit.connection, tenant, intent.run_id, intent.intent_digest)
     for approval in reversed(await store.for_intent(unit.connection, tenant, intent.run_id, intent.intent_digest, lock=True)):
         state = approval.effective_state(unit.now)
         if approval.tool_revision != intent.tool_revision or state not in (ApprovalState.PENDING, ApprovalState.APPROVED):

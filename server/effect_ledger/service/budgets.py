@@ -118,9 +118,10 @@ async def record_usage(unit: UnitOfWork, principal: Principal, report: UsageRepo
     for budget in sorted(applicable, key=lambda b: b.budget_id):
         amount = usage.get(budget.dimension, 0)
         if amount:
-            if rules.posting_overflows(budget, amount):
-                raise InvalidArgument.field(f"usage[{budget.dimension!r}]", "would overflow the budget's 64-bit counter", reason="AMOUNT_OVERFLOW")
-            await store.move(unit.connection, tenant, budget.budget_id, pending_delta=0, posted_delta=amount, now=unit.now)
+            if rules.posting_overflows(budget, amount) or not await store.move(
+                unit.connection, tenant, budget.budget_id, pending_delta=0, posted_delta=amount, now=unit.now
+            ):
+                raise _overflow(f"usage[{budget.dimension!r}]")
     unit.record_event(
         tenant, run.run_id, "usage.recorded",
         {"usage_id": usage_id, "provider": report.provider, "model": report.model, "segment": report.segment, "usage": usage},
@@ -173,10 +174,14 @@ async def settle(
             posted = 0
             state = ReservationState.VOIDED if how == Settlement.VOID else ReservationState.EXPIRED
         if await store.settle_reservation(unit.connection, tenant_id, reservation.reservation_id, state, posted, unit.now):
-            await store.move(
+            if not await store.move(
                 unit.connection, tenant_id, reservation.budget_id,
                 pending_delta=-reservation.amount, posted_delta=posted, now=unit.now,
-            )
+            ):
+                reported = usage is not None and reservation.dimension in usage
+                raise _overflow(
+                    f"succeeded.usage[{reservation.dimension!r}]" if reported else f"estimate[{reservation.dimension!r}]"
+                )
 
 
 async def post_unreserved_usage(
@@ -188,5 +193,11 @@ async def post_unreserved_usage(
         return
     for budget in await store.applicable_budgets(unit.connection, tenant_id, run.run_id, run.root_run_id, unit.now):
         if extra.get(budget.dimension):
-            await store.move(unit.connection, tenant_id, budget.budget_id, pending_delta=0,
-                             posted_delta=extra[budget.dimension], now=unit.now)
+            if not await store.move(unit.connection, tenant_id, budget.budget_id, pending_delta=0,
+                                    posted_delta=extra[budget.dimension], now=unit.now):
+                raise _overflow(f"succeeded.usage[{budget.dimension!r}]")
+
+
+def _overflow(field: str) -> InvalidArgument:
+    """Posting that would overflow a budget's 64-bit counter: refused, the transaction rolled back."""
+    return InvalidArgument.field(field, "would overflow the budget's 64-bit counter", reason="AMOUNT_OVERFLOW")

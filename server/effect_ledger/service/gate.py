@@ -24,6 +24,7 @@ from effect_ledger.domain.model import (
     Attempt,
     Decision,
     Effect,
+    EffectClass,
     FailureEvidence,
     Outcome,
     Principal,
@@ -49,7 +50,7 @@ from effect_ledger.policy.engine import PolicyDecision, PolicyEngine
 from effect_ledger.service import approvals, budgets
 from effect_ledger.service.approvals import ApprovalSettings
 from effect_ledger.service.budgets import Settlement
-from effect_ledger.storage import budget_store
+from effect_ledger.storage import budget_store, checkpoint_store
 from effect_ledger.storage import repository as repo
 from effect_ledger.storage.engine import UnitOfWork
 
@@ -77,6 +78,8 @@ class IntentFacts:
     digest: str
     verdict: LedgerVerdict
     intent: Intent
+    # Effects open at a resume of the run that are still open (the gate refuses new effects).
+    obligations: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -235,7 +238,10 @@ class Gate:
         )
         policy_input = await self._policy_input(unit, principal, request, arguments, facts, estimate, applicable)
         policy_decision = await self.policy.evaluate(policy_input)
-        outcome, reasons = combine(facts.verdict, policy_decision.outcome, policy_decision.reasons, facts.current, facts.pinned)
+        outcome, reasons = combine(
+            facts.verdict, policy_decision.outcome, policy_decision.reasons, facts.current, facts.pinned,
+            run_refusals(facts),
+        )
         input_bytes = canonical_bytes(policy_input)
         decision = Decision(
             decision_id=repo.new_id("dec"),
@@ -256,7 +262,10 @@ class Gate:
         )
         admitted = Admission(facts.effect, None, "", (), "")
         if outcome == Outcome.ALLOW:
-            admitted = await self._admit(unit, principal, request, arguments, facts, policy_decision, estimate, applicable, decision.decision_id)
+            admitted = await self._admit(
+                unit, principal, request, arguments, facts, policy_decision, estimate, applicable, decision.decision_id,
+                policy_input["approvals"],
+            )
             if admitted.refusal:
                 decision = replace(decision, outcome=Outcome.DENY, reasons=admitted.refusal)
             else:
@@ -317,8 +326,38 @@ class Gate:
                     reason="ARGUMENTS_SCHEMA_VIOLATION",
                     violations=violations,
                 )
+        if effect is None and run.parent_run_id:
+            effect, verdict = await self._ancestor_verdict(unit, tenant, run, digest, verdict)
         intent = Intent(run.run_id, request.tool, revision, digest)
-        return IntentFacts(run, effect, current, pinned if effect is not None else current, revision, digest, verdict, intent)
+        obligations = tuple(await checkpoint_store.outstanding_obligations(connection, tenant, run.run_id))
+        return IntentFacts(
+            run, effect, current, pinned if effect is not None else current, revision, digest, verdict, intent, obligations
+        )
+
+    async def _ancestor_verdict(
+        self, unit: UnitOfWork, tenant: str, run: Run, digest: str, verdict: LedgerVerdict
+    ) -> tuple[Effect | None, LedgerVerdict]:
+        """A fork sees the effects of the runs it came from and never re-executes them."""
+        chain = []
+        current_run: Run | None = run
+        while current_run is not None and current_run.parent_run_id and len(chain) < 16:
+            chain.append(current_run.parent_run_id)
+            current_run = await repo.get_run(unit.connection, tenant, current_run.parent_run_id)
+        found = await checkpoint_store.ancestor_effect(unit.connection, tenant, chain, digest)
+        if found is None:
+            return None, verdict
+        effect = await repo.effect_by_id(unit.connection, tenant, found.effect_id, lock=False)
+        if effect is None:
+            return None, verdict
+        expired_in_memory(effect, unit.now)
+        if effect.stage == Stage.SUCCEEDED:
+            return effect, LedgerVerdict(
+                VerdictKind.DUPLICATE, (Reason("EFFECT_SETTLED_IN_PARENT", f"run {found.run_id} already did it"),)
+            )
+        return effect, LedgerVerdict(
+            VerdictKind.RECONCILE_REQUIRED,
+            (Reason("EFFECT_OPEN_IN_PARENT", f"run {found.run_id} has it {effect.stage.value}"),),
+        )
 
     async def _policy_input(
         self,
@@ -360,6 +399,7 @@ class Gate:
             estimate=estimate,
             budgets=[budget.as_policy_fact(estimate.get(budget.dimension, 0)) for budget in applicable],
             approvals=await approvals.facts_for_intent(unit, principal, facts.intent),
+            pending_reconciliation=facts.obligations,
         )
 
     async def _admit(
@@ -373,6 +413,7 @@ class Gate:
         estimate: dict[str, int],
         applicable: list[Budget],
         decision_id: str,
+        approval_facts: list[dict[str, Any]],
     ) -> Admission:
         """Turn policy's ALLOW into an attempt: the approval it relied on is re-checked (binding
         facts, whatever policy said), the estimate reserved, then the approval used up."""
@@ -381,6 +422,12 @@ class Gate:
         if policy_decision.approval_id:
             approval, problems = await approvals.usable_approval(unit, principal, policy_decision.approval_id, facts.intent)
             if problems:
+                seen = next((a for a in approval_facts if a["approval_id"] == policy_decision.approval_id), None)
+                if seen is not None and not seen["binding_problems"]:
+                    # It bound the intent when the facts were read and does not under the lock: a
+                    # concurrent transaction used (or revoked) it in between. Run again, so the
+                    # answer comes from what that transaction committed.
+                    raise Conflict("the approval changed concurrently")
                 refusal = tuple(Reason(code, f"approval {policy_decision.approval_id}") for code in problems)
                 return Admission(facts.effect, None, "", (), "", (Reason("APPROVAL_INVALID", "the approval policy relied on does not bind this intent"),) + refusal)
         effect_id = facts.effect.effect_id if facts.effect is not None else repo.new_id("eff")
@@ -722,11 +769,13 @@ def combine(
     policy_reasons: tuple[Reason, ...],
     current: ToolContract | None,
     pinned: ToolContract | None,
+    run_refusals: tuple[Reason, ...] = (),
 ) -> tuple[Outcome, tuple[Reason, ...]]:
     """The final answer from the ledger's verdict and the policy's decision.
 
     Policy can only narrow: the ledger's own answers (DUPLICATE, RECONCILE_REQUIRED, the retry
-    limit) stand whatever policy says, and an ALLOW needs a live contract, whatever policy says.
+    limit) stand whatever policy says, and an ALLOW needs a live contract and a run that may
+    take it (``run_refusals``: its world, its reconciliation after a resume), whatever policy says.
     """
     if not verdict.kind.creates_attempt:
         ledger_outcome = {
@@ -743,12 +792,38 @@ def combine(
         binding.append(Reason("TOOL_RETIRED", "the tool is retired and can never be authorized"))
     elif pinned is None:
         binding.append(Reason("CONTRACT_MISSING", "the effect's pinned contract revision is missing"))
+    binding.extend(run_refusals)
     if binding:
         policy_extra = tuple(r for r in policy_reasons if r not in binding)
         return Outcome.DENY, tuple(binding) + policy_extra
     if policy_outcome == Outcome.ALLOW:
         return Outcome.ALLOW, verdict.reasons + policy_reasons
     return policy_outcome, policy_reasons
+
+
+def run_refusals(facts: IntentFacts) -> tuple[Reason, ...]:
+    """What the run itself forbids, checked by the service whatever policy says."""
+    refusals = []
+    contract = facts.pinned or facts.current
+    if contract is not None:
+        if facts.run.world == "SIMULATED" and not contract.simulator:
+            refusals.append(Reason("LIVE_TOOL_IN_SIMULATED_WORLD", "a simulated run's effects never reach a live tool"))
+        if facts.run.world == "LIVE" and contract.simulator:
+            refusals.append(Reason("SIMULATOR_IN_LIVE_WORLD", "a simulator tool cannot act for a live run"))
+    if facts.obligations and contract is not None and contract.effect_class != EffectClass.READ_ONLY:
+        own_retry = (
+            facts.effect is not None
+            and facts.effect.effect_id in facts.obligations
+            and facts.verdict.reuse_provider_key
+        )
+        if not own_retry:
+            refusals.append(
+                Reason(
+                    "RECONCILE_AFTER_RESUME",
+                    "reconcile the effects open at the resume first: " + ", ".join(facts.obligations[:10]),
+                )
+            )
+    return tuple(refusals)
 
 
 def _refusal(reason: str, message: str, attempt: Attempt) -> FailedPrecondition:

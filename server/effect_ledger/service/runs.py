@@ -20,11 +20,18 @@ def validate_labels(labels: dict[str, str], limits: Limits) -> None:
 
 
 async def create_run(
-    unit: UnitOfWork, principal: Principal, request_id: str, labels: dict[str, str], limits: Limits
+    unit: UnitOfWork,
+    principal: Principal,
+    request_id: str,
+    labels: dict[str, str],
+    limits: Limits,
+    configuration: tuple[str, str, str] = ("", "", ""),
 ) -> Run:
     if request_id:
         check_identifier(request_id, "request_id")
     validate_labels(labels, limits)
+    for field, value in zip(("provider", "model", "adapter"), configuration, strict=True):
+        check_text(value, field, required=False, length_max=128)
     if request_id:
         existing = await repo.run_by_request(unit.connection, principal.tenant_id, request_id)
         if existing is not None:
@@ -38,9 +45,15 @@ async def create_run(
         now=unit.now,
         labels=labels,
         request_id=request_id or None,
+        configuration=configuration,
     )
+    provider, model, adapter = configuration
     unit.record_event(
-        principal.tenant_id, run_id, "run.created", {"labels": labels, "request_id": request_id}, principal.principal_id
+        principal.tenant_id,
+        run_id,
+        "run.created",
+        {"labels": labels, "request_id": request_id, "configuration": {"provider": provider, "model": model, "adapter": adapter}},
+        principal.principal_id,
     )
     await unit.flush_events()
     run = await repo.get_run(unit.connection, principal.tenant_id, run_id)

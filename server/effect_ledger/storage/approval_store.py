@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, func, insert, select, update
+from sqlalchemy import and_, func, insert, select, text, update
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -91,6 +92,20 @@ async def for_intent(
         lock=lock,
         limit=limit,
     )
+
+
+async def lock_intent(connection: AsyncConnection, tenant_id: str, run_id: str, intent_digest: str) -> None:
+    """Serialize finding-or-creating the request for one intent across replicas, until commit.
+
+    Row locks cannot do it (there is no row yet, and a statement does not see rows committed
+    after it started): PostgreSQL takes a transaction-scoped advisory lock on the intent;
+    SQLite's BEGIN IMMEDIATE already serializes writers.
+    """
+    if connection.dialect.name != "postgresql":
+        return
+    name = "\0".join(("approval-intent", tenant_id, run_id, intent_digest)).encode()
+    key = int.from_bytes(hashlib.sha256(name).digest()[:8], "big", signed=True)
+    await connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
 
 
 async def listed(

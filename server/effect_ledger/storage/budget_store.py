@@ -13,7 +13,7 @@ from sqlalchemy import and_, insert, or_, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from effect_ledger.domain.budgets import Budget, Reservation, ReservationState, Scope
+from effect_ledger.domain.budgets import INT64_MAX, Budget, Reservation, ReservationState, Scope
 from effect_ledger.domain.canonical import canonical_bytes
 from effect_ledger.storage.schema import budgets, reservations, usage_records
 
@@ -121,17 +121,24 @@ async def reserve(connection: AsyncConnection, tenant_id: str, budget_id: str, a
 
 async def move(
     connection: AsyncConnection, tenant_id: str, budget_id: str, *, pending_delta: int, posted_delta: int, now: datetime
-) -> None:
-    """Settle: release pending and/or post usage (posting is a fact and may cross the limit)."""
-    await connection.execute(
+) -> bool:
+    """Settle: release pending and/or post usage (posting is a fact and may cross the limit).
+
+    False, and nothing changed, when posting would overflow the 64-bit counter (PostgreSQL
+    would fail the statement; SQLite would silently turn the counter into a float)."""
+    conditions = [budgets.c.tenant_id == tenant_id, budgets.c.budget_id == budget_id]
+    if posted_delta > 0:
+        conditions.append(budgets.c.posted <= INT64_MAX - posted_delta)
+    result = await connection.execute(
         update(budgets)
-        .where(budgets.c.tenant_id == tenant_id, budgets.c.budget_id == budget_id)
+        .where(*conditions)
         .values(
             pending=budgets.c.pending + pending_delta,
             posted=budgets.c.posted + posted_delta,
             updated_at=now,
         )
     )
+    return result.rowcount == 1
 
 
 async def insert_reservation(connection: AsyncConnection, tenant_id: str, reservation: Reservation) -> None:

@@ -175,6 +175,13 @@ class UnitOfWork:
     ) -> None:
         self.events.setdefault((tenant_id, run_id), []).append((event_type, payload, principal_id))
 
+    async def flush_events_for(self, tenant_id: str, run_id: str) -> int:
+        """Append this run's pending events now; returns the run's new head revision."""
+        from effect_ledger.storage.repository import append_events
+
+        pending = self.events.pop((tenant_id, run_id), [])
+        return await append_events(self.connection, tenant_id, run_id, pending, self.now)
+
     async def flush_events(self) -> None:
         from effect_ledger.storage.repository import append_events
 

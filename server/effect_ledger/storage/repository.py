@@ -94,6 +94,7 @@ def _contract(row: Row[Any]) -> ToolContract:
         created_at=row.created_at,
         created_by=row.created_by,
         default_estimate=json.loads(row.default_estimate),
+        simulator=row.simulator,
     )
 
 
@@ -149,6 +150,7 @@ async def insert_contract(
             created_at=contract.created_at,
             created_by=contract.created_by,
             default_estimate=_canonical_text(contract.default_estimate),
+            simulator=contract.simulator,
         )
     )
 
@@ -191,6 +193,12 @@ def _run(row: Row[Any]) -> Run:
         labels=json.loads(row.labels),
         root_run_id=row.root_run_id,
         parent_run_id=row.parent_run_id,
+        world=row.world,
+        forked_from_checkpoint=row.forked_from_checkpoint,
+        segment=row.segment,
+        provider=row.provider,
+        model=row.model,
+        adapter=row.adapter,
     )
 
 
@@ -205,11 +213,20 @@ async def insert_run(
     request_id: str | None,
     parent_run_id: str | None = None,
     root_run_id: str | None = None,
+    world: str = "LIVE",
+    forked_from_checkpoint: str | None = None,
+    configuration: tuple[str, str, str] = ("", "", ""),
 ) -> None:
     await connection.execute(
         insert(runs).values(
             parent_run_id=parent_run_id,
             root_run_id=root_run_id or run_id,
+            world=world,
+            forked_from_checkpoint=forked_from_checkpoint,
+            segment=1,
+            provider=configuration[0],
+            model=configuration[1],
+            adapter=configuration[2],
             tenant_id=tenant_id,
             run_id=run_id,
             created_by=created_by,
@@ -394,11 +411,8 @@ async def _load_effects(connection: AsyncConnection, where: Any, lock: bool) -> 
     the rows that were locked (a row committed between the two statements is not locked).
     """
     if lock:
-        locked = (
-            await connection.execute(
-                select(effects.c.effect_id).where(where).order_by(effects.c.effect_id).with_for_update()
-            )
-        ).scalars().all()
+        lock_rows = select(effects.c.effect_id).where(where).order_by(effects.c.effect_id)
+        locked = (await connection.execute(lock_rows.with_for_update())).scalars().all()
         if not locked:
             return []
         where = and_(where, effects.c.effect_id.in_(locked))
@@ -442,6 +456,20 @@ async def effect_by_id(
         connection, and_(effects.c.tenant_id == tenant_id, effects.c.effect_id == effect_id), lock
     )
     return found[0] if found else None
+
+
+async def run_effects(connection: AsyncConnection, tenant_id: str, run_id: str, limit: int) -> list[Effect]:
+    """A run's effects with their attempts (the first ``limit`` by id)."""
+    ids = (
+        select(effects.c.effect_id)
+        .where(effects.c.tenant_id == tenant_id, effects.c.run_id == run_id)
+        .order_by(effects.c.effect_id)
+        .limit(limit)
+        .scalar_subquery()
+    )
+    return await _load_effects(
+        connection, and_(effects.c.tenant_id == tenant_id, effects.c.effect_id.in_(ids)), lock=False
+    )
 
 
 async def effect_id_of_attempt(connection: AsyncConnection, tenant_id: str, attempt_id: str) -> str | None:

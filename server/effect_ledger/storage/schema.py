@@ -25,6 +25,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
+from sqlalchemy import text
 from sqlalchemy.types import TypeDecorator
 
 NAMING_CONVENTION = {
@@ -99,6 +100,7 @@ tool_contracts = Table(
     Column("created_at", UtcDateTime, nullable=False),
     Column("created_by", String(128), nullable=False),
     Column("default_estimate", Text, nullable=False, server_default="{}"),  # canonical JSON object
+    Column("simulator", Boolean, nullable=False, server_default="0"),
     PrimaryKeyConstraint("tenant_id", "tool", "revision"),
 )
 
@@ -116,6 +118,14 @@ runs = Table(
     # Forks: the run this one was forked from, and the root of its tree (itself for a root).
     Column("parent_run_id", ID, nullable=True),
     Column("root_run_id", ID, nullable=False),
+    # LIVE or SIMULATED; a fork of a checkpoint names it.
+    Column("world", String(16), nullable=False, server_default="LIVE"),
+    Column("forked_from_checkpoint", ID, nullable=True),
+    # The decision-maker configuration: a new segment at every resume.
+    Column("segment", Integer, nullable=False, server_default="1"),
+    Column("provider", String(128), nullable=False, server_default=text("''")),
+    Column("model", String(128), nullable=False, server_default=text("''")),
+    Column("adapter", String(128), nullable=False, server_default=text("''")),
     PrimaryKeyConstraint("tenant_id", "run_id"),
     UniqueConstraint("tenant_id", "create_request_id"),
 )
@@ -343,4 +353,102 @@ usage_records = Table(
     PrimaryKeyConstraint("tenant_id", "usage_id"),
     UniqueConstraint("tenant_id", "request_id"),
     ForeignKeyConstraint(["tenant_id", "run_id"], ["runs.tenant_id", "runs.run_id"]),
+)
+
+# --- checkpoints and their sibling lifetimes ------------------------------------------------
+
+checkpoints = Table(
+    "checkpoints",
+    metadata,
+    Column("tenant_id", TENANT, nullable=False),
+    Column("checkpoint_id", ID, nullable=False),
+    Column("run_id", ID, nullable=False),
+    Column("revision", BigInteger, nullable=False),
+    Column("status", String(16), nullable=False),  # SEALED or REGISTERED
+    Column("format_version", Integer, nullable=False),
+    Column("state", Text, nullable=False),  # canonical JSON
+    Column("artifacts", Text, nullable=False),  # canonical JSON array of references
+    Column("ledger", Text, nullable=False),  # canonical JSON ledger sections
+    Column("manifest", Text, nullable=False),  # canonical JSON
+    Column("manifest_digest", String(80), nullable=False),
+    Column("facts", Text, nullable=False),  # canonical JSON compatibility facts
+    Column("policy_revision", String(64), nullable=False),
+    Column("sealed_by", String(128), nullable=False),
+    Column("sealed_at", UtcDateTime, nullable=False),
+    Column("registered_by", String(128), nullable=True),
+    Column("registered_at", UtcDateTime, nullable=True),
+    Column("derived_from", ID, nullable=True),
+    Column("imported_from_digest", String(80), nullable=True),
+    PrimaryKeyConstraint("tenant_id", "checkpoint_id"),
+    ForeignKeyConstraint(["tenant_id", "run_id"], ["runs.tenant_id", "runs.run_id"]),
+    Index(None, "tenant_id", "run_id", "revision"),
+)
+
+artifacts = Table(
+    "artifacts",
+    metadata,
+    Column("tenant_id", TENANT, nullable=False),
+    Column("digest", String(80), nullable=False),  # sha256:<hex>
+    Column("size_bytes", BigInteger, nullable=False),
+    Column("media_type", String(128), nullable=False),
+    Column("status", String(16), nullable=False),  # PENDING, COMPLETE, TOMBSTONE
+    Column("location", String(1024), nullable=False),
+    Column("content", LargeBinary, nullable=True),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("updated_at", UtcDateTime, nullable=False),
+    PrimaryKeyConstraint("tenant_id", "digest"),
+)
+
+snapshots = Table(
+    "snapshots",
+    metadata,
+    Column("tenant_id", TENANT, nullable=False),
+    Column("snapshot_id", ID, nullable=False),
+    Column("run_id", ID, nullable=False),
+    Column("value", Text, nullable=False),  # canonical JSON
+    Column("created_by", String(128), nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    PrimaryKeyConstraint("tenant_id", "snapshot_id"),
+    ForeignKeyConstraint(["tenant_id", "run_id"], ["runs.tenant_id", "runs.run_id"]),
+)
+
+provider_sessions = Table(
+    "provider_sessions",
+    metadata,
+    Column("tenant_id", TENANT, nullable=False),
+    Column("reference_id", ID, nullable=False),
+    Column("run_id", ID, nullable=False),
+    Column("provider", String(128), nullable=False),
+    Column("session_id", String(512), nullable=False),
+    Column("response_id", String(512), nullable=False),
+    Column("expires_at", UtcDateTime, nullable=True),
+    Column("observed_at", UtcDateTime, nullable=False),
+    PrimaryKeyConstraint("tenant_id", "reference_id"),
+    ForeignKeyConstraint(["tenant_id", "run_id"], ["runs.tenant_id", "runs.run_id"]),
+)
+
+execution_handles = Table(
+    "execution_handles",
+    metadata,
+    Column("tenant_id", TENANT, nullable=False),
+    Column("handle_id", ID, nullable=False),
+    Column("run_id", ID, nullable=False),
+    Column("runtime", String(128), nullable=False),
+    Column("handle", String(512), nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    PrimaryKeyConstraint("tenant_id", "handle_id"),
+    ForeignKeyConstraint(["tenant_id", "run_id"], ["runs.tenant_id", "runs.run_id"]),
+)
+
+# After a resume, every effect open at that moment must be settled before the run may start a
+# new consequential effect; the gate reads these rows (joined with the effects' stages).
+resume_obligations = Table(
+    "resume_obligations",
+    metadata,
+    Column("tenant_id", TENANT, nullable=False),
+    Column("run_id", ID, nullable=False),
+    Column("effect_id", ID, nullable=False),
+    Column("checkpoint_id", ID, nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    PrimaryKeyConstraint("tenant_id", "run_id", "effect_id"),
 )

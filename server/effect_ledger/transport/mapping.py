@@ -72,6 +72,7 @@ def contract_from_proto(message: tools_pb2.ToolContract) -> ToolContract:
         max_attempts=message.max_attempts,
         lease_seconds=message.lease_seconds,
         default_estimate=dict(message.default_estimate),
+        simulator=message.simulator,
     )
 
 
@@ -93,6 +94,7 @@ def contract_to_proto(contract: ToolContract) -> tools_pb2.ToolContract:
         created_by=contract.created_by,
         retired_reason=contract.retired_reason,
         default_estimate=contract.default_estimate,
+        simulator=contract.simulator,
     )
 
 
@@ -107,6 +109,14 @@ def run_to_proto(run: Run) -> runs_pb2.Run:
         revision=run.revision,
         head_hash=run.head_hash,
         labels=run.labels,
+        parent_run_id=run.parent_run_id or "",
+        root_run_id=run.root_run_id,
+        world=run.world,
+        forked_from_checkpoint=run.forked_from_checkpoint or "",
+        segment=run.segment,
+        provider=run.provider,
+        model=run.model,
+        adapter=run.adapter,
     )
 
 

@@ -29,11 +29,18 @@ from effect_ledger.transport.servicers import (
 )
 from effect_ledger.service.approvals import ApprovalSettings
 from effect_ledger.transport.servicers_approvals import ApprovalsServicer, BudgetsServicer
+from effect_ledger.transport.servicers_checkpoints import (
+    CheckpointsServicer,
+    load_signing_key,
+    load_verification_key,
+)
 from effectledger.v1 import (
     approvals_pb2,
     approvals_pb2_grpc,
     budgets_pb2,
     budgets_pb2_grpc,
+    checkpoints_pb2,
+    checkpoints_pb2_grpc,
     gate_pb2,
     gate_pb2_grpc,
     runs_pb2,
@@ -50,6 +57,7 @@ SERVICE_NAMES = (
     tools_pb2.DESCRIPTOR.services_by_name["ToolRegistry"].full_name,
     approvals_pb2.DESCRIPTOR.services_by_name["Approvals"].full_name,
     budgets_pb2.DESCRIPTOR.services_by_name["Budgets"].full_name,
+    checkpoints_pb2.DESCRIPTOR.services_by_name["Checkpoints"].full_name,
 )
 
 
@@ -173,6 +181,15 @@ async def start_server(settings: ServerSettings, database: Database, policy: Pol
     tools_pb2_grpc.add_ToolRegistryServicer_to_server(ToolRegistryServicer(app), server)
     approvals_pb2_grpc.add_ApprovalsServicer_to_server(ApprovalsServicer(app, approval_settings), server)
     budgets_pb2_grpc.add_BudgetsServicer_to_server(BudgetsServicer(app), server)
+    checkpoints_pb2_grpc.add_CheckpointsServicer_to_server(
+        CheckpointsServicer(
+            app,
+            policy,
+            sign=load_signing_key(settings.checkpoint_signing_key),
+            verify=load_verification_key(settings.checkpoint_verification_key),
+        ),
+        server,
+    )
     runs_pb2_grpc.add_RunsServicer_to_server(RunsServicer(app), server)
     gate_pb2_grpc.add_GateServicer_to_server(GateServicer(app), server)
     health_servicer = health.aio.HealthServicer()

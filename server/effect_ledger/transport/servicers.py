@@ -143,7 +143,10 @@ class RunsServicer(runs_pb2_grpc.RunsServicer):
         run = await self.app.call(
             context,
             AGENTS_AND_ADMINS,
-            lambda unit, principal: runs.create_run(unit, principal, request.request_id, labels, self.app.limits),
+            lambda unit, principal: runs.create_run(
+                unit, principal, request.request_id, labels, self.app.limits,
+                (request.provider, request.model, request.adapter),
+            ),
         )
         return mapping.run_to_proto(run)
 

@@ -10,7 +10,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Run(_message.Message):
-    __slots__ = ("run_id", "created_by", "created_at", "revision", "head_hash", "labels")
+    __slots__ = ("run_id", "created_by", "created_at", "revision", "head_hash", "labels", "parent_run_id", "root_run_id", "world", "forked_from_checkpoint", "segment", "provider", "model", "adapter")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -24,16 +24,32 @@ class Run(_message.Message):
     REVISION_FIELD_NUMBER: _ClassVar[int]
     HEAD_HASH_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    PARENT_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ROOT_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    WORLD_FIELD_NUMBER: _ClassVar[int]
+    FORKED_FROM_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     created_by: str
     created_at: _timestamp_pb2.Timestamp
     revision: int
     head_hash: str
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, run_id: _Optional[str] = ..., created_by: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., revision: _Optional[int] = ..., head_hash: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    parent_run_id: str
+    root_run_id: str
+    world: str
+    forked_from_checkpoint: str
+    segment: int
+    provider: str
+    model: str
+    adapter: str
+    def __init__(self, run_id: _Optional[str] = ..., created_by: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., revision: _Optional[int] = ..., head_hash: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., parent_run_id: _Optional[str] = ..., root_run_id: _Optional[str] = ..., world: _Optional[str] = ..., forked_from_checkpoint: _Optional[str] = ..., segment: _Optional[int] = ..., provider: _Optional[str] = ..., model: _Optional[str] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class CreateRunRequest(_message.Message):
-    __slots__ = ("request_id", "labels")
+    __slots__ = ("request_id", "labels", "provider", "model", "adapter")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -43,9 +59,15 @@ class CreateRunRequest(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, request_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    provider: str
+    model: str
+    adapter: str
+    def __init__(self, request_id: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., provider: _Optional[str] = ..., model: _Optional[str] = ..., adapter: _Optional[str] = ...) -> None: ...
 
 class GetRunRequest(_message.Message):
     __slots__ = ("run_id",)

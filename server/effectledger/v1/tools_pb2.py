@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from effectledger.v1 import common_pb2 as effectledger_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65\x66\x66\x65\x63tledger/v1/tools.proto\x12\x0f\x65\x66\x66\x65\x63tledger.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1c\x65\x66\x66\x65\x63tledger/v1/common.proto\"\x87\x04\n\x0cToolContract\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12\x32\n\x0c\x65\x66\x66\x65\x63t_class\x18\x03 \x01(\x0e\x32\x1c.effectledger.v1.EffectClass\x12\x1c\n\x14provider_idempotency\x18\x04 \x01(\x08\x12\x11\n\tqueryable\x18\x05 \x01(\x08\x12\x33\n\x10\x61llowed_recovery\x18\x06 \x03(\x0e\x32\x19.effectledger.v1.Recovery\x12\x1d\n\x15\x61rguments_schema_json\x18\x07 \x01(\x0c\x12\x14\n\x0cmax_attempts\x18\x08 \x01(\x05\x12\x15\n\rlease_seconds\x18\t \x01(\x05\x12\x0f\n\x07retired\x18\n \x01(\x08\x12.\n\ncreated_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\ncreated_by\x18\x0c \x01(\t\x12\x16\n\x0eretired_reason\x18\r \x01(\t\x12L\n\x10\x64\x65\x66\x61ult_estimate\x18\x0e \x03(\x0b\x32\x32.effectledger.v1.ToolContract.DefaultEstimateEntry\x1a\x36\n\x14\x44\x65\x66\x61ultEstimateEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x7f\n\x16PutToolContractRequest\x12/\n\x08\x63ontract\x18\x01 \x01(\x0b\x32\x1d.effectledger.v1.ToolContract\x12\x1e\n\x11\x65xpected_revision\x18\x02 \x01(\x03H\x00\x88\x01\x01\x42\x14\n\x12_expected_revision\"8\n\x16GetToolContractRequest\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x03\"Z\n\x18ListToolContractsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x17\n\x0finclude_retired\x18\x03 \x01(\x08\"f\n\x19ListToolContractsResponse\x12\x30\n\tcontracts\x18\x01 \x03(\x0b\x32\x1d.effectledger.v1.ToolContract\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"1\n\x11RetireToolRequest\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t2\x81\x03\n\x0cToolRegistry\x12Y\n\x0fPutToolContract\x12\'.effectledger.v1.PutToolContractRequest\x1a\x1d.effectledger.v1.ToolContract\x12Y\n\x0fGetToolContract\x12\'.effectledger.v1.GetToolContractRequest\x1a\x1d.effectledger.v1.ToolContract\x12j\n\x11ListToolContracts\x12).effectledger.v1.ListToolContractsRequest\x1a*.effectledger.v1.ListToolContractsResponse\x12O\n\nRetireTool\x12\".effectledger.v1.RetireToolRequest\x1a\x1d.effectledger.v1.ToolContractb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65\x66\x66\x65\x63tledger/v1/tools.proto\x12\x0f\x65\x66\x66\x65\x63tledger.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1c\x65\x66\x66\x65\x63tledger/v1/common.proto\"\x9a\x04\n\x0cToolContract\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12\x32\n\x0c\x65\x66\x66\x65\x63t_class\x18\x03 \x01(\x0e\x32\x1c.effectledger.v1.EffectClass\x12\x1c\n\x14provider_idempotency\x18\x04 \x01(\x08\x12\x11\n\tqueryable\x18\x05 \x01(\x08\x12\x33\n\x10\x61llowed_recovery\x18\x06 \x03(\x0e\x32\x19.effectledger.v1.Recovery\x12\x1d\n\x15\x61rguments_schema_json\x18\x07 \x01(\x0c\x12\x14\n\x0cmax_attempts\x18\x08 \x01(\x05\x12\x15\n\rlease_seconds\x18\t \x01(\x05\x12\x0f\n\x07retired\x18\n \x01(\x08\x12.\n\ncreated_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\ncreated_by\x18\x0c \x01(\t\x12\x16\n\x0eretired_reason\x18\r \x01(\t\x12L\n\x10\x64\x65\x66\x61ult_estimate\x18\x0e \x03(\x0b\x32\x32.effectledger.v1.ToolContract.DefaultEstimateEntry\x12\x11\n\tsimulator\x18\x0f \x01(\x08\x1a\x36\n\x14\x44\x65\x66\x61ultEstimateEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x7f\n\x16PutToolContractRequest\x12/\n\x08\x63ontract\x18\x01 \x01(\x0b\x32\x1d.effectledger.v1.ToolContract\x12\x1e\n\x11\x65xpected_revision\x18\x02 \x01(\x03H\x00\x88\x01\x01\x42\x14\n\x12_expected_revision\"8\n\x16GetToolContractRequest\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x03\"Z\n\x18ListToolContractsRequest\x12\x11\n\tpage_size\x18\x01 \x01(\x05\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x17\n\x0finclude_retired\x18\x03 \x01(\x08\"f\n\x19ListToolContractsResponse\x12\x30\n\tcontracts\x18\x01 \x03(\x0b\x32\x1d.effectledger.v1.ToolContract\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"1\n\x11RetireToolRequest\x12\x0c\n\x04tool\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t2\x81\x03\n\x0cToolRegistry\x12Y\n\x0fPutToolContract\x12\'.effectledger.v1.PutToolContractRequest\x1a\x1d.effectledger.v1.ToolContract\x12Y\n\x0fGetToolContract\x12\'.effectledger.v1.GetToolContractRequest\x1a\x1d.effectledger.v1.ToolContract\x12j\n\x11ListToolContracts\x12).effectledger.v1.ListToolContractsRequest\x1a*.effectledger.v1.ListToolContractsResponse\x12O\n\nRetireTool\x12\".effectledger.v1.RetireToolRequest\x1a\x1d.effectledger.v1.ToolContractb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,19 +36,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOOLCONTRACT_DEFAULTESTIMATEENTRY']._loaded_options = None
   _globals['_TOOLCONTRACT_DEFAULTESTIMATEENTRY']._serialized_options = b'8\001'
   _globals['_TOOLCONTRACT']._serialized_start=112
-  _globals['_TOOLCONTRACT']._serialized_end=631
-  _globals['_TOOLCONTRACT_DEFAULTESTIMATEENTRY']._serialized_start=577
-  _globals['_TOOLCONTRACT_DEFAULTESTIMATEENTRY']._serialized_end=631
-  _globals['_PUTTOOLCONTRACTREQUEST']._serialized_start=633
-  _globals['_PUTTOOLCONTRACTREQUEST']._serialized_end=760
-  _globals['_GETTOOLCONTRACTREQUEST']._serialized_start=762
-  _globals['_GETTOOLCONTRACTREQUEST']._serialized_end=818
-  _globals['_LISTTOOLCONTRACTSREQUEST']._serialized_start=820
-  _globals['_LISTTOOLCONTRACTSREQUEST']._serialized_end=910
-  _globals['_LISTTOOLCONTRACTSRESPONSE']._serialized_start=912
-  _globals['_LISTTOOLCONTRACTSRESPONSE']._serialized_end=1014
-  _globals['_RETIRETOOLREQUEST']._serialized_start=1016
-  _globals['_RETIRETOOLREQUEST']._serialized_end=1065
-  _globals['_TOOLREGISTRY']._serialized_start=1068
-  _globals['_TOOLREGISTRY']._serialized_end=1453
+  _globals['_TOOLCONTRACT']._serialized_end=650
+  _globals['_TOOLCONTRACT_DEFAULTESTIMATEENTRY']._serialized_start=596
+  _globals['_TOOLCONTRACT_DEFAULTESTIMATEENTRY']._serialized_end=650
+  _globals['_PUTTOOLCONTRACTREQUEST']._serialized_start=652
+  _globals['_PUTTOOLCONTRACTREQUEST']._serialized_end=779
+  _globals['_GETTOOLCONTRACTREQUEST']._serialized_start=781
+  _globals['_GETTOOLCONTRACTREQUEST']._serialized_end=837
+  _globals['_LISTTOOLCONTRACTSREQUEST']._serialized_start=839
+  _globals['_LISTTOOLCONTRACTSREQUEST']._serialized_end=929
+  _globals['_LISTTOOLCONTRACTSRESPONSE']._serialized_start=931
+  _globals['_LISTTOOLCONTRACTSRESPONSE']._serialized_end=1033
+  _globals['_RETIRETOOLREQUEST']._serialized_start=1035
+  _globals['_RETIRETOOLREQUEST']._serialized_end=1084
+  _globals['_TOOLREGISTRY']._serialized_start=1087
+  _globals['_TOOLREGISTRY']._serialized_end=1472
 # @@protoc_insertion_point(module_scope)

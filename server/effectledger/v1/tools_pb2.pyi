@@ -11,7 +11,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ToolContract(_message.Message):
-    __slots__ = ("tool", "revision", "effect_class", "provider_idempotency", "queryable", "allowed_recovery", "arguments_schema_json", "max_attempts", "lease_seconds", "retired", "created_at", "created_by", "retired_reason", "default_estimate")
+    __slots__ = ("tool", "revision", "effect_class", "provider_idempotency", "queryable", "allowed_recovery", "arguments_schema_json", "max_attempts", "lease_seconds", "retired", "created_at", "created_by", "retired_reason", "default_estimate", "simulator")
     class DefaultEstimateEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,7 @@ class ToolContract(_message.Message):
     CREATED_BY_FIELD_NUMBER: _ClassVar[int]
     RETIRED_REASON_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_ESTIMATE_FIELD_NUMBER: _ClassVar[int]
+    SIMULATOR_FIELD_NUMBER: _ClassVar[int]
     tool: str
     revision: int
     effect_class: _common_pb2.EffectClass
@@ -47,7 +48,8 @@ class ToolContract(_message.Message):
     created_by: str
     retired_reason: str
     default_estimate: _containers.ScalarMap[str, int]
-    def __init__(self, tool: _Optional[str] = ..., revision: _Optional[int] = ..., effect_class: _Optional[_Union[_common_pb2.EffectClass, str]] = ..., provider_idempotency: _Optional[bool] = ..., queryable: _Optional[bool] = ..., allowed_recovery: _Optional[_Iterable[_Union[_common_pb2.Recovery, str]]] = ..., arguments_schema_json: _Optional[bytes] = ..., max_attempts: _Optional[int] = ..., lease_seconds: _Optional[int] = ..., retired: _Optional[bool] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_by: _Optional[str] = ..., retired_reason: _Optional[str] = ..., default_estimate: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    simulator: bool
+    def __init__(self, tool: _Optional[str] = ..., revision: _Optional[int] = ..., effect_class: _Optional[_Union[_common_pb2.EffectClass, str]] = ..., provider_idempotency: _Optional[bool] = ..., queryable: _Optional[bool] = ..., allowed_recovery: _Optional[_Iterable[_Union[_common_pb2.Recovery, str]]] = ..., arguments_schema_json: _Optional[bytes] = ..., max_attempts: _Optional[int] = ..., lease_seconds: _Optional[int] = ..., retired: _Optional[bool] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_by: _Optional[str] = ..., retired_reason: _Optional[str] = ..., default_estimate: _Optional[_Mapping[str, int]] = ..., simulator: _Optional[bool] = ...) -> None: ...
 
 class PutToolContractRequest(_message.Message):
     __slots__ = ("contract", "expected_revision")
