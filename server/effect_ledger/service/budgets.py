@@ -28,6 +28,13 @@ async def known_dimensions(unit: UnitOfWork, tenant_id: str) -> frozenset[str]:
     return rules.STANDARD_DIMENSIONS | await store.known_dimensions(unit.connection, tenant_id)
 
 
+async def dimensions_for(unit: UnitOfWork, tenant_id: str, amounts: dict[str, int]) -> frozenset[str]:
+    """The known dimensions, asking the database only when a custom name needs checking."""
+    if set(amounts) <= rules.STANDARD_DIMENSIONS:
+        return rules.STANDARD_DIMENSIONS
+    return await known_dimensions(unit, tenant_id)
+
+
 async def put_budget(
     unit: UnitOfWork,
     principal: Principal,
@@ -99,7 +106,7 @@ async def record_usage(unit: UnitOfWork, principal: Principal, report: UsageRepo
         check_identifier(report.request_id, "request_id")
     if not report.usage:
         raise InvalidArgument.field("usage", "is required", reason="FIELD_REQUIRED")
-    usage = rules.validate_amounts(report.usage, "usage", await known_dimensions(unit, principal.tenant_id))
+    usage = rules.validate_amounts(report.usage, "usage", await dimensions_for(unit, principal.tenant_id, report.usage))
     run = await repo.get_run(unit.connection, principal.tenant_id, report.run_id)
     if run is None:
         raise NotFound("run", report.run_id)

@@ -228,11 +228,8 @@ class Gate:
         if facts.verdict.kind == VerdictKind.KEY_REUSED:
             await self._refuse_reused_key(unit, principal, request, facts.effect, facts.digest, facts.verdict)
         contract = facts.pinned or facts.current
-        estimate = budget_rules.validate_amounts(
-            budget_rules.merged_estimate(request.estimate, contract.default_estimate if contract else {}),
-            "estimate",
-            await budgets.known_dimensions(unit, principal.tenant_id),
-        )
+        wanted = budget_rules.merged_estimate(request.estimate, contract.default_estimate if contract else {})
+        estimate = budget_rules.validate_amounts(wanted, "estimate", await budgets.dimensions_for(unit, principal.tenant_id, wanted))
         applicable = await budget_store.applicable_budgets(
             unit.connection, principal.tenant_id, facts.run.run_id, facts.run.root_run_id, unit.now
         )
@@ -369,9 +366,11 @@ class Gate:
         estimate: dict[str, int],
         applicable: list[Budget],
     ) -> dict[str, Any]:
-        tenant = principal.tenant_id
-        connection = unit.connection
         effect = facts.effect
+        run_open, on_target = await repo.effects_for_policy(
+            unit.connection, principal.tenant_id, facts.run.run_id, request.tool, request.target,
+            self.limits.run_open_effects_in_policy_max, self.limits.target_unknown_effects_in_policy_max + 1,
+        )
         return build_policy_input(
             now=unit.now,
             principal=principal,
@@ -385,17 +384,11 @@ class Gate:
             pinned_contract=facts.pinned if effect is not None else None,
             effect=effect,
             verdict=facts.verdict,
-            run_open_effects=await repo.open_effect_summaries(
-                connection, tenant, facts.run.run_id, self.limits.run_open_effects_in_policy_max
-            ),
+            run_open_effects=run_open,
             run_open_effects_limit=self.limits.run_open_effects_in_policy_max,
             target_unknown_effects=[
-                item
-                for item in await repo.unknown_effects_on_target(
-                    connection, tenant, request.tool, request.target, self.limits.target_unknown_effects_in_policy_max
-                )
-                if effect is None or item["effect_id"] != effect.effect_id
-            ],
+                item for item in on_target if effect is None or item["effect_id"] != effect.effect_id
+            ][: self.limits.target_unknown_effects_in_policy_max],
             estimate=estimate,
             budgets=[budget.as_policy_fact(estimate.get(budget.dimension, 0)) for budget in applicable],
             approvals=await approvals.facts_for_intent(unit, principal, facts.intent),
@@ -582,7 +575,7 @@ class Gate:
         tenant = principal.tenant_id
         if report.usage:
             usage = budget_rules.validate_amounts(
-                report.usage, "succeeded.usage", await budgets.known_dimensions(unit, tenant), keep_zero=True
+                report.usage, "succeeded.usage", await budgets.dimensions_for(unit, tenant, report.usage), keep_zero=True
             )
             report = replace(report, usage=usage)
         effect, attempt = await self._locked_attempt(unit, principal, attempt_id)

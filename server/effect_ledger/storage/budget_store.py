@@ -65,13 +65,12 @@ async def applicable_budgets(
     connection: AsyncConnection, tenant_id: str, run_id: str, root_run_id: str, now: datetime
 ) -> list[Budget]:
     """The budgets that apply to a run (tenant, run, and the run's tree), periods rolled over."""
-    await roll_over_periods(connection, and_(_applicable(tenant_id, run_id, root_run_id)), now)
-    rows = (
-        await connection.execute(
-            select(budgets).where(_applicable(tenant_id, run_id, root_run_id)).order_by(budgets.c.budget_id)
-        )
-    ).all()
-    return [_budget(row) for row in rows]
+    query = select(budgets).where(_applicable(tenant_id, run_id, root_run_id)).order_by(budgets.c.budget_id)
+    found = [_budget(row) for row in (await connection.execute(query)).all()]
+    if any(b.period_ends_at is not None and b.period_ends_at <= now for b in found):
+        await roll_over_periods(connection, _applicable(tenant_id, run_id, root_run_id), now)
+        found = [_budget(row) for row in (await connection.execute(query)).all()]
+    return found
 
 
 async def roll_over_periods(connection: AsyncConnection, where: Any, now: datetime) -> None:

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import create_engine, event, text
+from sqlalchemy import create_engine, event, func, select, text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
@@ -190,13 +190,23 @@ class UnitOfWork:
         self.events.clear()
 
 
+def clock_expression(dialect_name: str) -> Any:
+    """The database clock as a column expression, to read it within another query."""
+    if dialect_name == "postgresql":
+        return func.clock_timestamp().label("database_now")
+    return func.strftime("%Y-%m-%d %H:%M:%f", "now").label("database_now")
+
+
+def clock_value(value: Any) -> datetime:
+    if isinstance(value, datetime):
+        return value.astimezone(timezone.utc)
+    return datetime.strptime(value, "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=timezone.utc)
+
+
 async def database_now(connection: AsyncConnection) -> datetime:
     """The database's clock: leases and expiries are judged by it, never by a replica's clock."""
-    if connection.dialect.name == "postgresql":
-        value = (await connection.execute(text("SELECT clock_timestamp()"))).scalar_one()
-        return value.astimezone(timezone.utc)
-    raw = (await connection.execute(text("SELECT strftime('%Y-%m-%d %H:%M:%f', 'now')"))).scalar_one()
-    return datetime.strptime(raw, "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=timezone.utc)
+    value = (await connection.execute(select(clock_expression(connection.dialect.name)))).scalar_one()
+    return clock_value(value)
 
 
 def _sqlstate(error: DBAPIError) -> str | None:
@@ -236,15 +246,18 @@ class Database:
         self.dialect = engine.dialect.name
 
     @contextlib.asynccontextmanager
-    async def _transaction(self) -> AsyncIterator[UnitOfWork]:
+    async def _transaction(self, read_clock: bool) -> AsyncIterator[UnitOfWork]:
         async with self.engine.connect() as connection:
             async with connection.begin():
-                unit = UnitOfWork(connection, await database_now(connection))
+                # Callers that read the clock within their first query (authentication) skip
+                # the separate round trip.
+                now = await database_now(connection) if read_clock else datetime.min.replace(tzinfo=timezone.utc)
+                unit = UnitOfWork(connection, now)
                 yield unit
                 await unit.flush_events()
                 crash_point("before_commit")
 
-    async def run(self, work: Callable[[UnitOfWork], Awaitable[T]]) -> T:
+    async def run(self, work: Callable[[UnitOfWork], Awaitable[T]], *, read_clock: bool = True) -> T:
         """Run ``work`` in one transaction; nothing it wrote survives an error it raises.
 
         ``CommitThenRaise`` commits first, then raises its error (a refused report kept in the trace).
@@ -253,7 +266,7 @@ class Database:
         for _ in range(UNIT_OF_WORK_ATTEMPTS_MAX):
             pending: CommitThenRaise | None = None
             try:
-                async with self._transaction() as unit:
+                async with self._transaction(read_clock) as unit:
                     try:
                         result = await work(unit)
                     except CommitThenRaise as commit_then_raise:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, func, insert, select, update
+from sqlalchemy import and_, func, insert, literal, select, union_all, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -60,18 +60,23 @@ def _canonical_text(value: Any) -> str:
 # --- principals ----------------------------------------------------------------------------
 
 
-async def authenticate(connection: AsyncConnection, token_hash: str) -> Principal | None:
-    """The principal holding the token, read under current facts (roles as they are now)."""
+async def authenticate(connection: AsyncConnection, token_hash: str) -> tuple[Principal | None, datetime | None]:
+    """The principal holding the token, read under current facts (roles as they are now),
+    and the database clock, in one round trip."""
+    from effect_ledger.storage.engine import clock_expression, clock_value
+
     row = (
         await connection.execute(
-            select(principals.c.tenant_id, principals.c.principal_id, principals.c.roles).where(
-                principals.c.token_hash == token_hash, principals.c.disabled_at.is_(None)
-            )
+            select(
+                principals.c.tenant_id, principals.c.principal_id, principals.c.roles,
+                clock_expression(connection.dialect.name),
+            ).where(principals.c.token_hash == token_hash, principals.c.disabled_at.is_(None))
         )
     ).first()
     if row is None:
-        return None
-    return Principal(row.tenant_id, row.principal_id, frozenset(Role(r) for r in json.loads(row.roles)))
+        return None, None
+    principal = Principal(row.tenant_id, row.principal_id, frozenset(Role(r) for r in json.loads(row.roles)))
+    return principal, clock_value(row.database_now)
 
 
 # --- tool contracts ------------------------------------------------------------------------
@@ -505,42 +510,45 @@ async def open_effects_of_run(
     )
 
 
-async def open_effect_summaries(
-    connection: AsyncConnection, tenant_id: str, run_id: str, limit: int
-) -> list[dict[str, Any]]:
-    """A bounded summary of a run's open effects, for policy input."""
-    rows = (
-        await connection.execute(
-            select(effects.c.effect_id, effects.c.tool, effects.c.target, effects.c.stage)
-            .where(
-                effects.c.tenant_id == tenant_id,
-                effects.c.run_id == run_id,
-                effects.c.stage.in_(OPEN_STAGE_VALUES),
-            )
-            .order_by(effects.c.effect_id)
-            .limit(limit)
+async def effects_for_policy(
+    connection: AsyncConnection,
+    tenant_id: str,
+    run_id: str,
+    tool: str,
+    target: str,
+    open_limit: int,
+    unknown_limit: int,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """In one round trip: a bounded summary of the run's open effects, and the UNKNOWN effects
+    of the same tool on the same target (any run of the tenant)."""
+    columns = [effects.c.effect_id, effects.c.run_id, effects.c.tool, effects.c.target, effects.c.stage, effects.c.idempotency_key]
+    run_open = (
+        select(*columns, literal("run").label("kind"))
+        .where(effects.c.tenant_id == tenant_id, effects.c.run_id == run_id, effects.c.stage.in_(OPEN_STAGE_VALUES))
+        .order_by(effects.c.effect_id)
+        .limit(open_limit)
+        .subquery()
+    )
+    on_target = (
+        select(*columns, literal("target").label("kind"))
+        .where(
+            effects.c.tenant_id == tenant_id,
+            effects.c.tool == tool,
+            effects.c.target == target,
+            effects.c.stage == Stage.UNKNOWN.value,
         )
-    ).all()
-    return [dict(row._mapping) for row in rows]
-
-
-async def unknown_effects_on_target(
-    connection: AsyncConnection, tenant_id: str, tool: str, target: str, limit: int
-) -> list[dict[str, Any]]:
-    rows = (
-        await connection.execute(
-            select(effects.c.effect_id, effects.c.run_id, effects.c.idempotency_key)
-            .where(
-                effects.c.tenant_id == tenant_id,
-                effects.c.tool == tool,
-                effects.c.target == target,
-                effects.c.stage == Stage.UNKNOWN.value,
-            )
-            .order_by(effects.c.effect_id)
-            .limit(limit)
-        )
-    ).all()
-    return [dict(row._mapping) for row in rows]
+        .order_by(effects.c.effect_id)
+        .limit(unknown_limit)
+        .subquery()
+    )
+    rows = sorted((await connection.execute(union_all(select(run_open), select(on_target)))).all(), key=lambda r: r.effect_id)
+    open_summaries = [
+        {"effect_id": r.effect_id, "tool": r.tool, "target": r.target, "stage": r.stage} for r in rows if r.kind == "run"
+    ]
+    unknown = [
+        {"effect_id": r.effect_id, "run_id": r.run_id, "idempotency_key": r.idempotency_key} for r in rows if r.kind == "target"
+    ]
+    return open_summaries, unknown
 
 
 def _insert_ignoring_conflict(connection: AsyncConnection, table: Any) -> Any:

@@ -63,9 +63,10 @@ class Application:
         hashed = token_hash(bearer_token(context))
 
         async def authenticated(unit: UnitOfWork) -> T:
-            principal = await repo.authenticate(unit.connection, hashed)
-            if principal is None:
+            principal, now = await repo.authenticate(unit.connection, hashed)
+            if principal is None or now is None:
                 raise Unauthenticated("unknown or disabled token", reason="TOKEN_UNKNOWN")
+            unit.now = now
             if not principal.has_any(roles):
                 raise PermissionDenied(
                     f"needs one of the roles {sorted(r.value for r in roles)}",
@@ -74,7 +75,7 @@ class Application:
                 )
             return await work(unit, principal)
 
-        return await self.database.run(authenticated)
+        return await self.database.run(authenticated, read_clock=False)
 
     def page_size(self, requested: int, default: int, maximum: int) -> int:
         if requested < 0 or requested > maximum:
