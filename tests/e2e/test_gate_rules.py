@@ -405,3 +405,10 @@ def test_paging_lists_every_open_effect_once(agent, admin):
     assert sorted(seen) == sorted(ids)
     with raises_error("INVALID_ARGUMENT", "INVALID_PAGE_SIZE"):
         agent.gate.ListOpenEffects(gate_pb2.ListOpenEffectsRequest(run_id=run_id, page_size=100_000))
+
+
+def test_a_page_token_this_service_did_not_issue_is_refused(agent):
+    run_id = new_run(agent)
+    for token in ("%%%", "not base64!", "gA=="):
+        with raises_error("INVALID_ARGUMENT", "INVALID_PAGE_TOKEN"):
+            agent.gate.ListOpenEffects(gate_pb2.ListOpenEffectsRequest(run_id=run_id, page_token=token))

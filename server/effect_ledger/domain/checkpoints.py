@@ -351,15 +351,24 @@ def read_archive(data: bytes) -> dict[str, bytes]:
     """Every member of a tar, refusing anything but safe, bounded regular files."""
     if len(data) > ARCHIVE_SIZE_MAX_BYTES:
         raise _bad("archive", f"is larger than {ARCHIVE_SIZE_MAX_BYTES} bytes")
+    files: dict[str, bytes] = {}
+    count = 0
     try:
         archive = tarfile.open(fileobj=io.BytesIO(data), mode="r:")
-        members = archive.getmembers()
     except (tarfile.TarError, EOFError, ValueError) as error:
         raise _bad("archive", f"is not a tar archive: {error}") from None
-    if len(members) > ARCHIVE_FILES_MAX:
-        raise _bad("archive", f"holds more than {ARCHIVE_FILES_MAX} entries")
-    files: dict[str, bytes] = {}
-    for member in members:
+    while True:
+        # One member at a time: a member is judged before the archive is read past it (a header
+        # claiming more bytes than the archive holds names that member, not "archive").
+        try:
+            member = archive.next()
+        except (tarfile.TarError, EOFError, ValueError) as error:
+            raise _bad("archive", f"is not a tar archive: {error}") from None
+        if member is None:
+            return files
+        count += 1
+        if count > ARCHIVE_FILES_MAX:
+            raise _bad("archive", f"holds more than {ARCHIVE_FILES_MAX} entries")
         name = member.name
         if not safe_member_name(name):
             raise _bad(name or "(empty name)", "is not a safe relative path")
@@ -372,8 +381,10 @@ def read_archive(data: bytes) -> dict[str, bytes]:
         extracted = archive.extractfile(member)
         if extracted is None:
             raise _bad(name, "cannot be read")
-        files[name] = extracted.read()
-    return files
+        try:
+            files[name] = extracted.read()
+        except (tarfile.TarError, EOFError, ValueError) as error:
+            raise _bad(name, f"cannot be read: {error}") from None
 
 
 def verify_archive(data: bytes, *, tenant_id: str, verify_signature: Any | None) -> VerifiedArchive:
@@ -395,6 +406,9 @@ def verify_archive(data: bytes, *, tenant_id: str, verify_signature: Any | None)
     listed = manifest.get("files")
     if not isinstance(listed, dict):
         raise _bad("manifest.json", "lists no files")
+    for required in ("state.json", "artifacts.json"):
+        if required not in listed:
+            raise _bad(required, "is missing (the manifest does not list it)")
     expected = set(listed) | {"manifest.json"}
     signed = SIGNATURE_FILE in files
     present = set(files) - ({SIGNATURE_FILE} if signed else set())

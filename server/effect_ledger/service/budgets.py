@@ -170,8 +170,10 @@ async def reserve(
 
 async def settle(
     unit: UnitOfWork, tenant_id: str, attempts: list[Attempt], how: Settlement, usage: dict[str, int] | None = None
-) -> None:
-    """Settle the pending reservations of attempts whose outcome is now known."""
+) -> list[Reservation]:
+    """Settle the pending reservations of attempts whose outcome is now known; returns them."""
+    if not attempts:
+        return []
     pending = await store.pending_reservations_of_attempts(unit.connection, tenant_id, [a.attempt_id for a in attempts])
     for reservation in pending:
         if how == Settlement.POST:
@@ -189,15 +191,18 @@ async def settle(
                 raise _overflow(
                     f"succeeded.usage[{reservation.dimension!r}]" if reported else f"estimate[{reservation.dimension!r}]"
                 )
+    return pending
 
 
 async def post_unreserved_usage(
-    unit: UnitOfWork, tenant_id: str, run: Run, usage: dict[str, int], reserved_dimensions: set[str]
+    unit: UnitOfWork, tenant_id: str, run_id: str, usage: dict[str, int], reserved_dimensions: set[str]
 ) -> None:
     """Reported usage in dimensions nothing was reserved for is still a fact: post it."""
     extra = {d: a for d, a in usage.items() if d not in reserved_dimensions and a > 0}
     if not extra:
         return
+    run = await repo.get_run(unit.connection, tenant_id, run_id)
+    assert run is not None
     for budget in await store.applicable_budgets(unit.connection, tenant_id, run.run_id, run.root_run_id, unit.now):
         if extra.get(budget.dimension):
             if not await store.move(unit.connection, tenant_id, budget.budget_id, pending_delta=0,
@@ -208,3 +213,11 @@ async def post_unreserved_usage(
 def _overflow(field: str) -> InvalidArgument:
     """Posting that would overflow a budget's 64-bit counter: refused, the transaction rolled back."""
     return InvalidArgument.field(field, "would overflow the budget's 64-bit counter", reason="AMOUNT_OVERFLOW")
+
+
+async def post_expired_estimates(unit: UnitOfWork, tenant_id: str, attempts: list[Attempt]) -> None:
+    """An attempt whose reservation expired (never dispatched, lease ran out) turned out to have
+    happened after all: its estimate is posted as a fact (the reservation stays EXPIRED)."""
+    for reservation in await store.expired_reservations_of_attempts(unit.connection, tenant_id, [a.attempt_id for a in attempts]):
+        if not await store.move(unit.connection, tenant_id, reservation.budget_id, pending_delta=0, posted_delta=reservation.amount, now=unit.now):
+            raise _overflow(f"estimate[{reservation.dimension!r}]")

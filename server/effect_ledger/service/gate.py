@@ -620,12 +620,9 @@ class Gate:
         """The money follows the outcome: SUCCEEDED posts, a definite no voids, UNKNOWN holds."""
         tenant = principal.tenant_id
         if stage == Stage.SUCCEEDED:
-            reserved = await budget_store.pending_reservations_of_attempts(unit.connection, tenant, [attempt.attempt_id])
-            await budgets.settle(unit, tenant, [attempt], Settlement.POST, usage)
+            settled = await budgets.settle(unit, tenant, [attempt], Settlement.POST, usage)
             if usage:
-                run = await repo.get_run(unit.connection, tenant, effect.run_id)
-                assert run is not None
-                await budgets.post_unreserved_usage(unit, tenant, run, usage, {r.dimension for r in reserved})
+                await budgets.post_unreserved_usage(unit, tenant, effect.run_id, usage, {r.dimension for r in settled})
         elif stage in (Stage.FAILED, Stage.RELEASED):
             await budgets.settle(unit, tenant, [attempt], Settlement.VOID)
 
@@ -718,6 +715,8 @@ class Gate:
         effect.reconcile_reason = not_happened_reason if receipt is None else "receipt"
         await _save(unit, tenant, effect, settled)
         await budgets.settle(unit, tenant, settled, Settlement.POST if receipt is not None else Settlement.VOID)
+        if receipt is not None:
+            await budgets.post_expired_estimates(unit, tenant, settled)
         unit.record_event(
             tenant, effect.run_id, "effect.reconciled",
             {**payload, "attempts": list(result.settled_attempts), "stage": effect.stage.value},

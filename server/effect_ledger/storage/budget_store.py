@@ -311,3 +311,20 @@ async def usage_by_request(connection: AsyncConnection, tenant_id: str, request_
 
 def usage_of(row: Row[Any]) -> dict[str, int]:
     return json.loads(row.usage)
+
+
+async def expired_reservations_of_attempts(
+    connection: AsyncConnection, tenant_id: str, attempt_ids: list[str]
+) -> list[Reservation]:
+    if not attempt_ids:
+        return []
+    rows = (
+        await connection.execute(
+            select(reservations).where(
+                reservations.c.tenant_id == tenant_id,
+                reservations.c.attempt_id.in_(attempt_ids),
+                reservations.c.state == ReservationState.EXPIRED.value,
+            )
+        )
+    ).all()
+    return [_reservation(row) for row in rows]

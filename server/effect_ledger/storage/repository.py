@@ -340,12 +340,17 @@ async def append_events(
             }
         )
         prev_hash = digest
-    await connection.execute(insert(run_events), rows)
-    await connection.execute(
+    move_head = (
         update(runs)
         .where(runs.c.tenant_id == tenant_id, runs.c.run_id == run_id)
         .values(revision=revision, head_hash=prev_hash)
     )
+    if connection.dialect.name == "postgresql":
+        # One round trip: the events and the new head in one statement (a data-modifying CTE).
+        await connection.execute(move_head.add_cte(insert(run_events).values(rows).cte("appended")))
+    else:
+        await connection.execute(insert(run_events), rows)
+        await connection.execute(move_head)
     return revision
 
 

@@ -87,7 +87,7 @@ def decode_token(token: str, field: str = "page_token") -> str:
     if not token:
         return ""
     try:
-        return base64.urlsafe_b64decode(token.encode("ascii")).decode("utf-8")
+        return base64.b64decode(token.encode("ascii"), altchars=b"-_", validate=True).decode("utf-8")
     except (ValueError, UnicodeError):
         raise InvalidArgument.field(field, "is not a token this service issued", reason="INVALID_PAGE_TOKEN") from None
 
