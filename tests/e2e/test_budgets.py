@@ -479,6 +479,12 @@ def test_lease_expiry_expires_a_never_dispatched_reservation_and_holds_a_dispatc
     assert state_of(database_url, tenant, sent.reservation_ids[0]) == ("POSTED", 300)
     assert state_of(database_url, tenant, idle.reservation_ids[0]) == ("EXPIRED", 0)
 
+    # The never-dispatched attempt turns out to have happened after all: its estimate is posted
+    # as a fact when the receipt reconciles it, and its reservation stays EXPIRED.
+    agent.gate.ReconcileEffect(reconcile_receipt(idle.effect_id))
+    assert counters(budgets.one(TENANT, USD)) == (400, 0, 600)
+    assert state_of(database_url, tenant, idle.reservation_ids[0]) == ("EXPIRED", 0)
+
 
 # --- RecordUsage ---------------------------------------------------------------------------
 
