@@ -277,16 +277,18 @@ def markdown(report: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for level in report["levels"]:
-        baseline = level["health"]["throughput_per_second"] or 1
+        baseline = level["health"]["throughput_per_second"] if "health" in level else 0
         for scenario in ("health", "cycle", "duplicate", "deny"):
+            if scenario not in level:
+                continue
             result = level[scenario]
             for index, (name, rpc) in enumerate(result["rpcs"].items()):
-                if scenario == "cycle" and name == "AuthorizeEffect":
+                if scenario == "cycle" and name == "AuthorizeEffect" and baseline:
                     ratio = f"{rpc['per_second'] / baseline:.3f} (Authorize)"
                 else:
                     ratio = ""
                 first = index == 0
-                scenario_ratio = "%.3f" % (result["throughput_per_second"] / baseline) if first else ""
+                scenario_ratio = "%.3f" % (result["throughput_per_second"] / baseline) if first and baseline else ""
                 cells = [
                     str(level["concurrency"]) if first else "",
                     scenario if first else "",
@@ -340,6 +342,7 @@ def main() -> None:
     parser.add_argument("--levels", default="1,8,32,128")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--pool-size", type=int, default=10)
+    parser.add_argument("--scenarios", default="health,cycle,duplicate,deny")
     parser.add_argument("--soak", type=int, default=0, help="run this many effect cycles and report memory")
     parser.add_argument("--soak-concurrency", type=int, default=32)
     parser.add_argument("--out", default=str(RESULTS / "latest"))
@@ -364,7 +367,7 @@ def main() -> None:
         if not options.soak:
             for level in [int(value) for value in options.levels.split(",")]:
                 results = {}
-                for scenario in ("health", "cycle", "duplicate", "deny"):
+                for scenario in options.scenarios.split(","):
                     results[scenario] = run_scenario(server, setup, scenario, level, options.seconds)
                     print(json.dumps({k: v for k, v in results[scenario].items() if k != "rpcs"}), flush=True)
                 report["levels"].append({"concurrency": level, **results})

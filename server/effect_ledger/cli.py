@@ -13,7 +13,6 @@ import logging
 import os
 import secrets
 import sys
-from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 

@@ -8,7 +8,7 @@ from enum import StrEnum
 from effect_ledger.domain import budgets as rules
 from effect_ledger.domain.budgets import Budget, Reservation, ReservationState, Scope
 from effect_ledger.domain.contracts import check_identifier, check_text
-from effect_ledger.domain.model import Attempt, Principal, Run
+from effect_ledger.domain.model import Attempt, Principal
 from effect_ledger.errors import InvalidArgument, NotFound
 from effect_ledger.storage import budget_store as store
 from effect_ledger.storage import repository as repo

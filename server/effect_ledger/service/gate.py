@@ -19,7 +19,7 @@ from effect_ledger.domain.contracts import (
     check_text,
     check_tool_name,
 )
-from effect_ledger.domain.lifecycle import LedgerVerdict, Report, ReportKind, VerdictKind
+from effect_ledger.domain.lifecycle import LedgerVerdict, Report, VerdictKind
 from effect_ledger.domain.model import (
     Attempt,
     Decision,

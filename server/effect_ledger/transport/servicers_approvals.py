@@ -100,7 +100,9 @@ class ApprovalsServicer(approvals_pb2_grpc.ApprovalsServicer):
         cursor = request.after_sequence
         while True:
             try:
-                batch = await self.app.call(context, EVERY_ROLE, lambda unit, principal: self._batch(unit, principal, cursor, request))
+                batch = await self.app.call(
+                    context, EVERY_ROLE, lambda unit, principal, after=cursor: self._batch(unit, principal, after, request)
+                )
             except LedgerError as error:
                 await context.abort_with_status(status.to_status(error))
             for event in batch:
