@@ -238,7 +238,10 @@ def safe_member_name(name: str) -> bool:
 def readme_text(manifest: dict[str, Any], state: Any, ledger: dict[str, Any]) -> str:
     """A human handoff: what the run was doing, what is unknown, what is safe next."""
     effects = ledger.get("effects", {})
-    open_effects = effects.get("open", []) if isinstance(effects, dict) else []
+    # Format 1 named an effect's stage "state" (a kept original is exported as it was stored).
+    open_effects = [
+        {**e, "stage": e.get("stage", e.get("state"))} for e in (effects.get("open", []) if isinstance(effects, dict) else [])
+    ]
     unknown = [e for e in open_effects if e.get("stage") == "UNKNOWN"]
     approvals = ledger.get("approvals", {})
     budgets = ledger.get("budgets", {})
