@@ -324,7 +324,11 @@ class Gate:
                     violations=violations,
                 )
         if effect is None and run.parent_run_id:
-            effect, verdict = await self._ancestor_verdict(unit, tenant, run, digest, verdict)
+            effect, verdict = await self._ancestor_verdict(unit, tenant, run, request, arguments, verdict)
+            if effect is not None:
+                # Judged under the revision the ancestor's effect is pinned to, like a retry of its key.
+                pinned = await repo.contract_revision(connection, tenant, effect.tool, effect.tool_revision)
+                revision, digest = effect.tool_revision, effect.intent_digest
         intent = Intent(run.run_id, request.tool, revision, digest)
         obligations = tuple(await checkpoint_store.outstanding_obligations(connection, tenant, run.run_id))
         return IntentFacts(
@@ -332,7 +336,8 @@ class Gate:
         )
 
     async def _ancestor_verdict(
-        self, unit: UnitOfWork, tenant: str, run: Run, digest: str, verdict: LedgerVerdict
+        self, unit: UnitOfWork, tenant: str, run: Run, request: AuthorizeRequest, arguments: dict[str, Any],
+        verdict: LedgerVerdict,
     ) -> tuple[Effect | None, LedgerVerdict]:
         """A fork sees the effects of the runs it came from and never re-executes them."""
         chain = []
@@ -340,7 +345,10 @@ class Gate:
         while current_run is not None and current_run.parent_run_id and len(chain) < 16:
             chain.append(current_run.parent_run_id)
             current_run = await repo.get_run(unit.connection, tenant, current_run.parent_run_id)
-        found = await checkpoint_store.ancestor_effect(unit.connection, tenant, chain, digest)
+        found = await checkpoint_store.ancestor_effect(
+            unit.connection, tenant, chain, request.tool, request.target,
+            lambda revision: intent_digest(tool=request.tool, tool_revision=revision, target=request.target, arguments=arguments),
+        )
         if found is None:
             return None, verdict
         effect = await repo.effect_by_id(unit.connection, tenant, found.effect_id, lock=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Callable
 
 from sqlalchemy import and_, insert, select, update
 from sqlalchemy.engine import Row
@@ -262,17 +262,27 @@ async def outstanding_obligations(connection: AsyncConnection, tenant_id: str, r
     return [row.effect_id for row in rows]
 
 
-async def ancestor_effect(connection: AsyncConnection, tenant_id: str, run_ids: list[str], intent_digest: str) -> Row[Any] | None:
-    """An effect with this digest in one of the given (ancestor) runs: settled ones first."""
+async def ancestor_effect(
+    connection: AsyncConnection, tenant_id: str, run_ids: list[str], tool: str, target: str,
+    digest_at: Callable[[int], str],
+) -> Row[Any] | None:
+    """An effect of this intent in one of the given (ancestor) runs: settled ones first.
+
+    Each candidate is compared under the tool revision it is pinned to (``digest_at(revision)``
+    is the request's digest under that revision), as a retry of its key would be: a contract
+    update after the ancestor's effect must not hide it from a fork.
+    """
     if not run_ids:
         return None
     rows = (
         await connection.execute(
-            select(effects.c.effect_id, effects.c.stage, effects.c.run_id).where(
-                effects.c.tenant_id == tenant_id, effects.c.run_id.in_(run_ids), effects.c.intent_digest == intent_digest
+            select(effects.c.effect_id, effects.c.stage, effects.c.run_id, effects.c.tool_revision, effects.c.intent_digest).where(
+                effects.c.tenant_id == tenant_id, effects.c.run_id.in_(run_ids), effects.c.tool == tool, effects.c.target == target
             )
         )
     ).all()
+    digests = {revision: digest_at(revision) for revision in {row.tool_revision for row in rows}}
+    matching = [row for row in rows if row.intent_digest == digests[row.tool_revision]]
     order = {Stage.SUCCEEDED.value: 0, Stage.UNKNOWN.value: 1, Stage.DISPATCHED.value: 2, Stage.AUTHORIZED.value: 3}
-    ranked = sorted((row for row in rows if row.stage in order), key=lambda row: order[row.stage])
+    ranked = sorted((row for row in matching if row.stage in order), key=lambda row: order[row.stage])
     return ranked[0] if ranked else None

@@ -302,14 +302,18 @@ async def append_events(
 ) -> int:
     """Append events to a run's trace in this transaction; returns the new head revision.
 
-    The run row is locked (``FOR UPDATE``) so revisions increase by exactly one and each event
-    carries the hash of the one before it, whatever other replicas do concurrently.
+    The run row is locked (``FOR NO KEY UPDATE``) so revisions increase by exactly one and each
+    event carries the hash of the one before it, whatever other replicas do concurrently. Not
+    ``FOR UPDATE``: every row this transaction inserted with a foreign key to the run (effect,
+    decision, approval) already holds ``FOR KEY SHARE`` on it, and ``FOR UPDATE`` conflicts with
+    the other writers' key-share locks, so concurrent writers of one run deadlocked here.
+    ``FOR NO KEY UPDATE`` still excludes every other appender.
     """
     head = (
         await connection.execute(
             select(runs.c.revision, runs.c.head_hash)
             .where(runs.c.tenant_id == tenant_id, runs.c.run_id == run_id)
-            .with_for_update()
+            .with_for_update(key_share=True)
         )
     ).one()
     revision, prev_hash = head.revision, head.head_hash
