@@ -281,8 +281,14 @@ DEFINITE_CODES = frozenset(
 DEFINITE_WITH_SERVICE_DETAILS = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED})
 
 
-def classify_status(code: grpc.StatusCode, from_service: bool) -> str:
+# The service's own word that a commit's outcome is unknown: it may have happened.
+INDETERMINATE_REASONS = frozenset({"COMMIT_OUTCOME_UNKNOWN"})
+
+
+def classify_status(code: grpc.StatusCode, from_service: bool, reason: str = "") -> str:
     """``fail`` when the status means the call was not applied, else ``info``."""
+    if reason in INDETERMINATE_REASONS:
+        return "info"
     if code in DEFINITE_CODES:
         return "fail"
     if code in DEFINITE_WITH_SERVICE_DETAILS and from_service:
@@ -317,7 +323,7 @@ def error_facts(error: grpc.RpcError) -> ErrorFacts:
                 if unpacked.domain == SERVICE_ERROR_DOMAIN:
                     info = unpacked
     return ErrorFacts(
-        kind=classify_status(code, info is not None),
+        kind=classify_status(code, info is not None, info.reason if info is not None else ""),
         code=code.name,
         reason=info.reason if info is not None else "",
         message=error.details() or "",

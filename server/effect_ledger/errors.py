@@ -13,7 +13,8 @@ holds the one table that maps each class to a gRPC status code and its error det
     ├── FailedPrecondition        the ledger's state forbids  FAILED_PRECONDITION (+ PreconditionFailure)
     ├── Unavailable               fail closed                 UNAVAILABLE (+ RetryInfo)
     │   ├── PolicyUnavailable     POLICY_UNAVAILABLE / POLICY_UNDEFINED
-    │   └── StorageUnavailable    STORAGE_UNAVAILABLE
+    │   ├── StorageUnavailable    STORAGE_UNAVAILABLE (nothing was written)
+    │   └── CommitOutcomeUnknown  COMMIT_OUTCOME_UNKNOWN (the commit may have landed)
     ├── Conflict                  a concurrent writer won     ABORTED (+ RetryInfo); retried inside
     └── DeadlineExceeded                                      DEADLINE_EXCEEDED
 
@@ -135,6 +136,16 @@ class PolicyUnavailable(Unavailable):
 
 class StorageUnavailable(Unavailable):
     default_reason = "STORAGE_UNAVAILABLE"
+
+
+class CommitOutcomeUnknown(Unavailable):
+    """The connection broke while COMMIT was in flight: the write may or may not be durable.
+
+    Clients treat it like a timeout: the call may have happened. Retrying with the same
+    idempotency key is safe; the ledger answers from what was committed.
+    """
+
+    default_reason = "COMMIT_OUTCOME_UNKNOWN"
 
 
 class Conflict(LedgerError):

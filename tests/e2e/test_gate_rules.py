@@ -412,3 +412,20 @@ def test_a_page_token_this_service_did_not_issue_is_refused(agent):
     for token in ("%%%", "not base64!", "gA=="):
         with raises_error("INVALID_ARGUMENT", "INVALID_PAGE_TOKEN"):
             agent.gate.ListOpenEffects(gate_pb2.ListOpenEffectsRequest(run_id=run_id, page_token=token))
+
+
+def test_a_success_under_a_shared_provider_key_settles_the_sibling_attempts(agent, admin):
+    """RETRY_SAME_KEY: the provider deduplicates by key, so one receipt settles every attempt
+    that used it; nothing stays UNKNOWN (or holds money) behind a SUCCEEDED effect."""
+    admin.tools.PutToolContract(contract(allowed_recovery=(common_pb2.RETRY_SAME_KEY,), max_attempts=3))
+    run_id = new_run(agent)
+    first = agent.gate.AuthorizeEffect(authorize_request(run_id, "k"))
+    agent.gate.RecordDispatch(gate_pb2.RecordDispatchRequest(attempt_id=first.attempt_id))
+    agent.gate.RecordOutcome(unknown(first.attempt_id))
+    retry = agent.gate.AuthorizeEffect(authorize_request(run_id, "k"))
+    agent.gate.RecordOutcome(succeeded(retry.attempt_id, "msg-once"))
+    effect = agent.gate.GetEffect(gate_pb2.GetEffectRequest(effect_id=first.effect_id))
+    assert [stage_name(a.stage) for a in effect.attempts] == ["SUCCEEDED", "SUCCEEDED"]
+    assert {a.receipt.provider_reference for a in effect.attempts} == {"msg-once"}
+    assert "deduplicated" in effect.attempts[0].outcome_reason
+    assert [e.type for e in events_of(agent, run_id)][-2:] == ["attempt.succeeded", "attempt.deduplicated"]

@@ -22,6 +22,7 @@ EXPECTED_CODES = {
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
     errors.PolicyUnavailable: grpc.StatusCode.UNAVAILABLE,
     errors.StorageUnavailable: grpc.StatusCode.UNAVAILABLE,
+    errors.CommitOutcomeUnknown: grpc.StatusCode.UNAVAILABLE,
     errors.Conflict: grpc.StatusCode.ABORTED,
     errors.DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
 }

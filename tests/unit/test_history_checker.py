@@ -562,3 +562,8 @@ def test_concurrent_observations_are_not_ordered():
     read = final(effect("e1", "k", "DISPATCHED", attempt("a1", 1, "DISPATCHED")))
     v = only(check_stage_transitions(observed_stages(s.h, read)), "stage_transitions")
     assert "SUCCEEDED -> DISPATCHED" in v.message
+
+
+def test_a_commit_whose_outcome_is_unknown_is_indeterminate():
+    assert classify_status(grpc.StatusCode.UNAVAILABLE, True, "COMMIT_OUTCOME_UNKNOWN") == "info"
+    assert classify_status(grpc.StatusCode.UNAVAILABLE, True, "STORAGE_UNAVAILABLE") == "fail"

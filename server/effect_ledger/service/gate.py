@@ -21,6 +21,7 @@ from effect_ledger.domain.contracts import (
 )
 from effect_ledger.domain.lifecycle import LedgerVerdict, Report, VerdictKind
 from effect_ledger.domain.model import (
+    OPEN_STAGES,
     Attempt,
     Decision,
     Effect,
@@ -613,13 +614,40 @@ class Gate:
         if transition.stage == Stage.DISPATCHED:
             # The lease restarts at dispatch, so a long call can heartbeat from here.
             attempt.lease_expires_at = lifecycle.lease_until(unit.now, await _lease_seconds(unit, tenant, effect))
-        await _save(unit, tenant, effect, [attempt])
+        siblings = self._deduplicated_siblings(unit, effect, attempt) if transition.stage == Stage.SUCCEEDED else []
+        await _save(unit, tenant, effect, [attempt, *siblings])
         await self._settle(unit, principal, effect, attempt, transition.stage, report.usage)
         unit.record_event(
             tenant, effect.run_id, f"attempt.{transition.stage.value.lower()}",
             {**event_payload, "stage": transition.stage.value}, principal.principal_id,
         )
+        if siblings:
+            # They asked the provider for the same effect under the same key: one happened.
+            # Their money is released; the success posted it once.
+            await budgets.settle(unit, tenant, siblings, Settlement.VOID)
+            unit.record_event(
+                tenant, effect.run_id, "attempt.deduplicated",
+                {"effect_id": effect.effect_id, "by_attempt": attempt.attempt_id,
+                 "attempts": [s.attempt_id for s in siblings], "provider_idempotency_key": attempt.provider_key},
+                principal.principal_id,
+            )
         return AttemptResult(attempt, effect.stage, changed=True)
+
+    def _deduplicated_siblings(self, unit: UnitOfWork, effect: Effect, succeeded: Attempt) -> list[Attempt]:
+        """Open attempts that share the succeeded attempt's provider key (RETRY_SAME_KEY): the
+        provider deduplicates by that key, so the receipt settles them too."""
+        siblings = [
+            a for a in effect.attempts
+            if a.attempt_id != succeeded.attempt_id and a.stage in OPEN_STAGES and a.provider_key == succeeded.provider_key
+        ]
+        for sibling in siblings:
+            sibling.stage = Stage.SUCCEEDED
+            sibling.finished_at = unit.now
+            sibling.receipt = succeeded.receipt
+            sibling.outcome_reason = f"deduplicated by the provider under key {succeeded.provider_key} (attempt {succeeded.number})"
+        if siblings:
+            effect.stage = lifecycle.effect_stage(effect.attempts)
+        return siblings
 
     async def _settle(
         self, unit: UnitOfWork, principal: Principal, effect: Effect, attempt: Attempt, stage: Stage,

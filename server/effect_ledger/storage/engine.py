@@ -23,7 +23,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from effect_ledger.faults import crash_point
-from effect_ledger.errors import CommitThenRaise, Conflict, LedgerError, StorageUnavailable
+from effect_ledger.errors import CommitOutcomeUnknown, CommitThenRaise, Conflict, LedgerError, StorageUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +248,8 @@ class Database:
     @contextlib.asynccontextmanager
     async def _transaction(self, read_clock: bool) -> AsyncIterator[UnitOfWork]:
         async with self.engine.connect() as connection:
-            async with connection.begin():
+            transaction = await connection.begin()
+            try:
                 # Callers that read the clock within their first query (authentication) skip
                 # the separate round trip.
                 now = await database_now(connection) if read_clock else datetime.min.replace(tzinfo=timezone.utc)
@@ -256,6 +257,18 @@ class Database:
                 yield unit
                 await unit.flush_events()
                 crash_point("before_commit")
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    await transaction.rollback()
+                raise
+            try:
+                await transaction.commit()
+            except Exception as error:
+                # The COMMIT was sent and no answer came back: it may or may not have landed.
+                raise CommitOutcomeUnknown(
+                    "the database connection failed during commit: the outcome is unknown; "
+                    "retry with the same idempotency key and the ledger will answer what happened"
+                ) from error
 
     async def run(self, work: Callable[[UnitOfWork], Awaitable[T]], *, read_clock: bool = True) -> T:
         """Run ``work`` in one transaction; nothing it wrote survives an error it raises.
