@@ -72,3 +72,25 @@ def pytest_sessionfinish(session, exitstatus):
 @pytest.fixture
 def tenant(database_url):
     return new_tenant(database_url)
+
+
+def _role_client(server, tenant, principal_id):
+    client = tenant.client(server, principal_id)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def agent(server, tenant):
+    """The tenant's agent, over a real channel to the backend's server."""
+    yield from _role_client(server, tenant, "agent")
+
+
+@pytest.fixture
+def admin(server, tenant):
+    yield from _role_client(server, tenant, "admin")
+
+
+@pytest.fixture
+def reviewer(server, tenant):
+    yield from _role_client(server, tenant, "reviewer")

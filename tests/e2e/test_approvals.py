@@ -150,27 +150,6 @@ def assert_consecutive(events, first: int) -> None:
     assert sequences == list(range(first, first + len(events))), sequences
 
 
-@pytest.fixture
-def agent(server, tenant):
-    client = tenant.client(server, "agent")
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def admin(server, tenant):
-    client = tenant.client(server, "admin")
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def reviewer(server, tenant):
-    client = tenant.client(server, "reviewer")
-    yield client
-    client.close()
-
-
 # --- one request per intent ----------------------------------------------------------------
 
 

@@ -84,20 +84,6 @@ class BudgetsClient:
 
 
 @pytest.fixture
-def agent(server, tenant):
-    client = tenant.client(server, "agent")
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def admin(server, tenant):
-    client = tenant.client(server, "admin")
-    yield client
-    client.close()
-
-
-@pytest.fixture
 def budgets(server, tenant):
     """The Budgets service as the tenant's admin."""
     client = BudgetsClient(server, tenant.tokens["admin"])

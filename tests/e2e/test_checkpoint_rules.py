@@ -201,27 +201,6 @@ def decide(reviewer, approval_id: str, approve: bool) -> approvals_pb2.Approval:
 
 
 @pytest.fixture
-def agent(server, tenant):
-    client = tenant.client(server, "agent")
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def admin(server, tenant):
-    client = tenant.client(server, "admin")
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def reviewer(server, tenant):
-    client = tenant.client(server, "reviewer")
-    yield client
-    client.close()
-
-
-@pytest.fixture
 def checkpoints(server, tenant):
     return checkpoints_stub(server, tenant.tokens["agent"])
 

@@ -21,16 +21,6 @@ from support import (
 from effectledger.v1 import common_pb2, gate_pb2, runs_pb2, tools_pb2
 
 
-@pytest.fixture
-def agent(server, tenant):
-    return tenant.client(server, "agent")
-
-
-@pytest.fixture
-def admin(server, tenant):
-    return tenant.client(server, "admin")
-
-
 def events_of(client, run_id: str) -> list:
     return list(client.runs.ListRunEvents(runs_pb2.ListRunEventsRequest(run_id=run_id)).events)
 
