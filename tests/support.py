@@ -265,3 +265,22 @@ def checkpoints_stub(server, token: str):
 
     channel = grpc.insecure_channel(server.target)
     return _Stub(checkpoints_pb2_grpc.CheckpointsStub(channel), (("authorization", f"Bearer {token}"),), 10.0)
+
+
+@contextlib.contextmanager
+def servers_on_fresh_database(prefix: str, count: int, extra_args: list[str] | None = None):
+    """``count`` server processes on one new, migrated PostgreSQL database, with a tenant:
+    yields (database url, servers, tenant); stops the servers and drops the database after."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    url = create_pg_database(prefix)
+    servers = [ServerProcess(url, list(extra_args or [])) for _ in range(count)]
+    try:
+        migrate(url)
+        with ThreadPoolExecutor(count) as pool:
+            list(pool.map(ServerProcess.start, servers))
+        yield url, servers, new_tenant(url)
+    finally:
+        for server in servers:
+            server.stop()
+        drop_pg_database(url)

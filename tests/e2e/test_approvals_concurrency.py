@@ -12,18 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
 from support import (
-    ServerProcess,
+    servers_on_fresh_database,
     authorize_request,
     contract,
-    create_pg_database,
-    drop_pg_database,
-    migrate,
-    new_tenant,
 )
 
 from effectledger.v1 import (
@@ -48,23 +43,13 @@ TARGET = "bank:acct-1"
 
 @pytest.fixture(scope="module")
 def cluster():
-    url = create_pg_database("el_apr")
-    servers = [ServerProcess(url) for _ in range(SERVERS)]
-    try:
-        migrate(url)
-        with ThreadPoolExecutor(SERVERS) as pool:
-            list(pool.map(ServerProcess.start, servers))
-        tenant = new_tenant(url)
+    with servers_on_fresh_database("el_apr", SERVERS) as (url, servers, tenant):
         with tenant.client(servers[0], "admin") as admin:
             admin.tools.PutToolContract(
                 contract(TOOL, effect_class=common_pb2.IRREVERSIBLE, provider_idempotency=False, max_attempts=1,
                          lease_seconds=3600)
             )
         yield servers, tenant
-    finally:
-        for server in servers:
-            server.stop()
-        drop_pg_database(url)
 
 
 class Channels:

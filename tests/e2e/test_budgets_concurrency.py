@@ -18,22 +18,18 @@ import random
 import threading
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import grpc
 import psycopg
 import pytest
 from support import (
+    servers_on_fresh_database,
     ServerProcess,
     Tenant,
     authorize_request,
     contract,
-    create_pg_database,
-    drop_pg_database,
     failed,
-    migrate,
-    new_tenant,
     psycopg_url,
     succeeded,
     unknown,
@@ -75,13 +71,7 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster():
-    url = create_pg_database("el_budget_mp")
-    servers = [ServerProcess(url) for _ in range(SERVERS)]
-    try:
-        migrate(url)
-        with ThreadPoolExecutor(SERVERS) as pool:
-            list(pool.map(ServerProcess.start, servers))
-        tenant = new_tenant(url)
+    with servers_on_fresh_database("el_budget_mp", SERVERS) as (url, servers, tenant):
         admin = tenant.client(servers[0], "admin")
         admin.tools.PutToolContract(contract(TOOL, lease_seconds=LEASE_SECONDS))
         admin.close()
@@ -92,10 +82,6 @@ def cluster():
                 timeout=CALL_TIMEOUT_SECONDS,
             )
         yield Cluster(url, servers, tenant, budget.budget_id)
-    finally:
-        for server in servers:
-            server.stop()
-        drop_pg_database(url)
 
 
 # --- the plan ------------------------------------------------------------------------------

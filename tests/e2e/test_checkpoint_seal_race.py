@@ -22,19 +22,15 @@ import json
 import random
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import grpc
 import pytest
 from support import (
+    servers_on_fresh_database,
     ServerProcess,
     authorize_request,
     contract,
-    create_pg_database,
-    drop_pg_database,
-    migrate,
-    new_tenant,
 )
 
 from effect_ledger.client import error_from_rpc
@@ -73,21 +69,11 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster():
-    url = create_pg_database("el_seal_race")
-    servers = [ServerProcess(url) for _ in range(SERVERS)]
-    try:
-        migrate(url)
-        with ThreadPoolExecutor(SERVERS) as pool:
-            list(pool.map(ServerProcess.start, servers))
-        tenant = new_tenant(url)
+    with servers_on_fresh_database("el_seal_race", SERVERS) as (url, servers, tenant):
         admin = tenant.client(servers[0], "admin")
         admin.tools.PutToolContract(contract(MAIL, lease_seconds=LEASE_SECONDS))
         admin.close()
         yield Cluster(url, servers, tenant.tokens["agent"])
-    finally:
-        for server in servers:
-            server.stop()
-        drop_pg_database(url)
 
 
 @dataclass

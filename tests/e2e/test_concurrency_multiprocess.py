@@ -18,21 +18,17 @@ import sys
 import time
 import uuid
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import grpc
 import psycopg
 import pytest
 from support import (
+    servers_on_fresh_database,
     ServerProcess,
     Tenant,
     authorize_request,
     contract,
-    create_pg_database,
-    drop_pg_database,
-    migrate,
-    new_tenant,
     psycopg_url,
     succeeded,
 )
@@ -85,13 +81,7 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster():
-    url = create_pg_database("el_mp")
-    servers = [ServerProcess(url) for _ in range(SERVERS)]
-    try:
-        migrate(url)
-        with ThreadPoolExecutor(SERVERS) as pool:
-            list(pool.map(ServerProcess.start, servers))
-        tenant = new_tenant(url)
+    with servers_on_fresh_database("el_mp", SERVERS) as (url, servers, tenant):
         admin = tenant.client(servers[0], "admin")
         admin.tools.PutToolContract(contract(MAIL, lease_seconds=LEASE_SECONDS))
         admin.tools.PutToolContract(
@@ -105,10 +95,6 @@ def cluster():
         )
         admin.close()
         yield Cluster(url, servers, tenant)
-    finally:
-        for server in servers:
-            server.stop()
-        drop_pg_database(url)
 
 
 # --- clients -----------------------------------------------------------------------------------
