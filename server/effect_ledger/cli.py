@@ -207,6 +207,11 @@ def verify_chains(url: str) -> list[str]:
     problems = []
     try:
         with engine.connect() as connection:
+            if connection.dialect.name == "postgresql":
+                # One snapshot for the whole walk. Under READ COMMITTED each statement sees the
+                # latest commits, so a run appended to between reading its head and reading its
+                # events looked broken ("run head is revision N; the chain ends at N+1").
+                connection.execution_options(isolation_level="REPEATABLE READ")
             for run in connection.execute(select(runs).order_by(runs.c.tenant_id, runs.c.run_id)).all():
                 rows = connection.execute(
                     select(run_events)

@@ -12,12 +12,14 @@ is a fresh tenant with one run, a tenant budget and a run budget, and four tools
 The model (``Model``) encodes docs/decisions.md: the ledger's verdict (NEW_EFFECT, DUPLICATE,
 RECONCILE_REQUIRED, retry limit, a key bound to another intent), the shipped policy's denials,
 approvals bound to one intent, stage edges that never regress, refused conflicting reports,
-UNKNOWN leaving only through ReconcileEffect, provider key generations, and the budget
-arithmetic of reservations and settlements. Every call's answer (outcome, reasons, stages,
-error code and reason) is predicted first and compared; after every step the service is read
-back whole (GetEffect for every effect, ListOpenEffects, GetBudget for both scopes, GetApproval)
-and compared with the model. One rule SIGKILLs the server and starts it again: the model does
-not change, because every call the service acknowledged was committed.
+UNKNOWN leaving only through ReconcileEffect (or a success under the same provider key, which
+the provider deduplicated), provider key generations, and the budget arithmetic of
+reservations and settlements (an effect that happened is paid for once). Every call's answer
+(outcome, reasons, stages, error code and reason) is predicted first and compared; after every
+step the service is read back whole (GetEffect for every effect, ListOpenEffects, GetBudget for
+both scopes, GetApproval) and compared with the model, and after every example every run's hash
+chain verifies. One rule SIGKILLs the server and starts it again: the model does not change,
+because every call the service acknowledged was committed.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -48,6 +50,8 @@ MACHINE_SETTINGS = settings(
     stateful_step_count=25,
     deadline=None,
     database=None,
+    # No shrinking: a replay costs server restarts and lease waits; the failing steps are printed.
+    phases=(Phase.explicit, Phase.generate),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 # Expensive rules, at most this often per example (each costs about a second of wall time).
@@ -126,6 +130,7 @@ GATE_KEYS = sorted(k for k, intent in INTENTS.items() if intent.tool is not EXPO
 ESTIMATES = [None, 0, 25, 40]
 USAGES = [None, 0, 20, 70]
 RECEIPTS = ["ref-1", "ref-2"]
+REPORTS = st.sampled_from(["succeeded", "failed:PROVIDER_REJECTED", "failed:NOT_SENT", "unknown"])
 RECEIPT_DETAIL = b'{"status":"done"}'
 
 
@@ -306,7 +311,7 @@ def attempt_report(attempt: MAttempt, kind: str, evidence: str = "", reference: 
         if kind == "FAILED" and evidence == "NOT_SENT" and stage == "DISPATCHED":
             return "refused", "DISPATCH_RECORDED"
         return "applied", kind
-    if stage == "UNKNOWN":  # leaves only through ReconcileEffect
+    if stage == "UNKNOWN":  # no report moves it: ReconcileEffect (or a same-key sibling's success)
         return ("same", stage) if kind == "UNKNOWN" else ("refused", "RECONCILE_REQUIRED")
     if stage == "SUCCEEDED":
         if kind == "UNKNOWN" or (kind == "SUCCEEDED" and reference == attempt.receipt):
@@ -504,10 +509,22 @@ class LedgerMachine(RuleBasedStateMachine):
             attempt.stage = value
             if value == "SUCCEEDED":
                 attempt.receipt = reference
+                self._deduplicate_siblings(effect, attempt)
         assert response.changed == (what == "applied"), (kind, what, response)
         assert stage_name(response.attempt.stage) == attempt.stage
         assert stage_name(response.effect_stage) == effect.stage
         self._count(f"report:{kind}:{what}")
+
+    def _deduplicate_siblings(self, effect: MEffect, succeeded: MAttempt) -> None:
+        """RETRY_SAME_KEY: the provider deduplicates by the shared key, so a success settles every
+        other open attempt under that key (SUCCEEDED, same receipt) and releases its money."""
+        for sibling in effect.attempts:
+            if sibling is not succeeded and sibling.stage in OPEN and sibling.provider_key == succeeded.provider_key:
+                sibling.stage = "SUCCEEDED"
+                sibling.receipt = succeeded.receipt
+                if sibling.reservation == "PENDING":
+                    sibling.reservation = "VOIDED"
+                self._count("report:SUCCEEDED:deduplicated")
 
     def _settle_report(self, attempt: MAttempt, stage: str, usage: int | None) -> None:
         """SUCCEEDED posts the usage (or the estimate); FAILED and RELEASED void; UNKNOWN holds."""
@@ -527,15 +544,7 @@ class LedgerMachine(RuleBasedStateMachine):
         request = gate_pb2.RecordDispatchRequest(attempt_id=attempt.attempt_id)
         self._report(effect, attempt, self.agent.gate.RecordDispatch, request, "DISPATCHED")
 
-    @precondition(lambda self: self.model.attempts())
-    @rule(
-        data=st.data(),
-        report=st.sampled_from(["succeeded", "failed:PROVIDER_REJECTED", "failed:NOT_SENT", "unknown"]),
-        reference=st.sampled_from(RECEIPTS),
-        usage=st.sampled_from(USAGES),
-    )
-    def outcome(self, data, report, reference, usage):
-        effect, attempt = self._pick_attempt(data)
+    def _record_outcome(self, effect: MEffect, attempt: MAttempt, report: str, reference: str, usage: int | None) -> None:
         if report == "succeeded":
             request = gate_pb2.RecordOutcomeRequest(
                 attempt_id=attempt.attempt_id,
@@ -560,6 +569,32 @@ class LedgerMachine(RuleBasedStateMachine):
             self._report(effect, attempt, self.agent.gate.RecordOutcome, request, "FAILED", evidence=evidence)
 
     @precondition(lambda self: self.model.attempts())
+    @rule(data=st.data(), report=REPORTS, reference=st.sampled_from(RECEIPTS), usage=st.sampled_from(USAGES))
+    def outcome(self, data, report, reference, usage):
+        effect, attempt = self._pick_attempt(data)
+        self._record_outcome(effect, attempt, report, reference, usage)
+
+    @rule(
+        key=st.sampled_from(GATE_KEYS),
+        requested=st.sampled_from(ESTIMATES),
+        dispatch=st.booleans(),
+        report=REPORTS,
+        reference=st.sampled_from(RECEIPTS),
+        usage=st.sampled_from(USAGES),
+    )
+    def authorize_dispatch_and_report(self, key, requested, dispatch, report, reference, usage):
+        """A whole cycle in one step, as a runtime runs it: authorize, maybe dispatch, report."""
+        response = self._authorize(key, requested)
+        if response.outcome != common_pb2.ALLOW:
+            return
+        effect = self.model.effects[key]
+        attempt = effect.attempts[-1]
+        if dispatch:
+            request = gate_pb2.RecordDispatchRequest(attempt_id=attempt.attempt_id)
+            self._report(effect, attempt, self.agent.gate.RecordDispatch, request, "DISPATCHED")
+        self._record_outcome(effect, attempt, report, reference, usage)
+
+    @precondition(lambda self: self.model.attempts())
     @rule(data=st.data())
     def release(self, data):
         effect, attempt = self._pick_attempt(data)
@@ -569,7 +604,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.model.attempts())
     @rule(data=st.data())
     def renew_lease(self, data):
-        effect, attempt = self._pick_attempt(data)
+        _, attempt = self._pick_attempt(data)
         response, error = call(self.agent.gate.RenewLease, gate_pb2.RenewLeaseRequest(attempt_id=attempt.attempt_id))
         if attempt.stage in ("AUTHORIZED", "DISPATCHED"):
             assert error is None and response.changed and stage_name(response.attempt.stage) == attempt.stage, error
@@ -608,16 +643,24 @@ class LedgerMachine(RuleBasedStateMachine):
             self._count("reconcile:refused")
             return
         assert error is None, (stage, evidence, error)
-        # Every open attempt settles together; the money follows (post the estimate, or void).
+        # Every open attempt settles together, and the money follows. Not happened: released.
+        # A receipt: the effect happened once per provider key, so the first attempt under the
+        # key posts its estimate (even one whose reservation expired with its lease) and the
+        # others' reservations are released.
+        posting: set[str] = set()
         for attempt in open_attempts:
+            if reference and attempt.provider_key not in posting:
+                posting.add(attempt.provider_key)
+                if attempt.reservation in ("PENDING", "EXPIRED"):
+                    self.posted_by_attempt[attempt.attempt_id] = attempt.reserved
+                if attempt.reservation == "PENDING":
+                    attempt.reservation = "POSTED"
+            elif attempt.reservation == "PENDING":
+                attempt.reservation = "VOIDED"
+                if reference:
+                    self._count("reconcile:same-key-paid-once")
             attempt.stage = "SUCCEEDED" if reference else "FAILED"
             attempt.receipt = reference
-            if attempt.reservation == "PENDING":
-                if reference:
-                    attempt.reservation = "POSTED"
-                    self.posted_by_attempt[attempt.attempt_id] = attempt.reserved
-                else:
-                    attempt.reservation = "VOIDED"
         assert stage_name(response.stage) == effect.stage
         assert [stage_name(a.stage) for a in response.attempts] == [a.stage for a in effect.attempts]
         self._count("reconcile:" + ("settled" if open_attempts else "echo"))
@@ -757,3 +800,39 @@ def test_the_service_follows_the_model(ledger_server):
     elapsed = time.monotonic() - started
     print(f"\nstate machine: {elapsed:.1f} s, {dict(sorted(stats.items()))}")
     assert stats["examples"] >= 1
+
+
+def test_a_reconciled_receipt_pays_once_for_attempts_sharing_a_provider_key(ledger_server):
+    """Two open attempts under one provider key (RETRY_SAME_KEY), settled by one receipt: the
+    provider applied the effect once, so its estimate is posted once and the other released."""
+    url, server = ledger_server
+    tenant = new_tenant(url)
+    with tenant.client(server, "admin") as admin, tenant.client(server, "agent") as agent:
+        admin.tools.PutToolContract(CHARGE.contract())
+        admin.budgets.PutBudget(
+            budgets_pb2.PutBudgetRequest(scope=budgets_pb2.TENANT, dimension=DIMENSION, limit=TENANT_LIMIT)
+        )
+        run_id = agent.runs.CreateRun(runs_pb2.CreateRunRequest()).run_id
+        intent = INTENTS["charge-1"]
+        request = gate_pb2.AuthorizeEffectRequest(
+            run_id=run_id, tool=CHARGE.name, arguments_json=intent.arguments, idempotency_key="charge-1",
+            target=intent.target, estimate={DIMENSION: 25},
+        )
+        first = agent.gate.AuthorizeEffect(request)
+        agent.gate.RecordOutcome(
+            gate_pb2.RecordOutcomeRequest(attempt_id=first.attempt_id, unknown=gate_pb2.RecordOutcomeRequest.Unknown())
+        )
+        retry = agent.gate.AuthorizeEffect(request)
+        assert retry.provider_key_reused and retry.provider_idempotency_key == first.provider_idempotency_key
+        agent.gate.RecordDispatch(gate_pb2.RecordDispatchRequest(attempt_id=retry.attempt_id))
+
+        def budget() -> tuple[int, int]:
+            found = agent.budgets.GetBudget(budgets_pb2.GetBudgetRequest(scope=budgets_pb2.TENANT)).budgets[0]
+            return found.posted, found.pending
+
+        assert budget() == (0, 50)
+        settled = agent.gate.ReconcileEffect(
+            gate_pb2.ReconcileEffectRequest(effect_id=first.effect_id, receipt=receipt("ref-1"))
+        )
+        assert [stage_name(a.stage) for a in settled.attempts] == ["SUCCEEDED", "SUCCEEDED"]
+        assert budget() == (25, 0)

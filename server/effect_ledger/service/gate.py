@@ -750,9 +750,20 @@ class Gate:
         effect.reconciled_by = principal.principal_id
         effect.reconcile_reason = not_happened_reason if receipt is None else "receipt"
         await _save(unit, tenant, effect, settled)
-        await budgets.settle(unit, tenant, settled, Settlement.POST if receipt is not None else Settlement.VOID)
         if receipt is not None:
-            await budgets.post_expired_estimates(unit, tenant, settled)
+            # Attempts that share a provider key (RETRY_SAME_KEY) asked for one effect, which the
+            # provider applied once: its money is posted once, by the first of them; the
+            # others' reservations are released, as when a SUCCEEDED report settles siblings.
+            first_of_key: dict[str, Attempt] = {}
+            for attempt in sorted(settled, key=lambda a: a.number):
+                first_of_key.setdefault(attempt.provider_key, attempt)
+            posting = list(first_of_key.values())
+            posting_ids = {a.attempt_id for a in posting}
+            await budgets.settle(unit, tenant, posting, Settlement.POST)
+            await budgets.settle(unit, tenant, [a for a in settled if a.attempt_id not in posting_ids], Settlement.VOID)
+            await budgets.post_expired_estimates(unit, tenant, posting)
+        else:
+            await budgets.settle(unit, tenant, settled, Settlement.VOID)
         unit.record_event(
             tenant, effect.run_id, "effect.reconciled",
             {**payload, "attempts": list(result.settled_attempts), "stage": effect.stage.value},
