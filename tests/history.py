@@ -971,11 +971,18 @@ def check_budget_model(
             if call.f == OUTCOME and inv.outcome == "SUCCEEDED" and call.type != "fail":
                 for dimension, amount in inv.value.get("usage", {}).items():
                     usage_floor[attempt_id][dimension] = min(amount, usage_floor[attempt_id].get(dimension, amount))
+            # A receipt may release reservations too: under a shared provider key the money is
+            # posted once, and the other attempts' reservations are voided (a reconcile receipt,
+            # or a sibling's SUCCEEDED below). Counting less keeps the model a lower bound.
             voids = (call.f == OUTCOME and inv.outcome == "FAILED") or call.f == RELEASE or (
-                call.f == RECONCILE and inv.outcome == "FAILED" and call.end > allow.start
+                call.f == RECONCILE and call.end > allow.start
             )
             if voids and call.type != "fail":
                 void_from[attempt_id] = min(void_from.get(attempt_id, INF), call.start)
+            if call.f == OUTCOME and inv.outcome == "SUCCEEDED" and call.type != "fail":
+                for sibling in effect_attempts.get(allow.answer.effect_id, []):
+                    if sibling != attempt_id:
+                        void_from[sibling] = min(void_from.get(sibling, INF), call.start)
     checkpoints = sorted({c.end for c in index.calls if c.ok})
     violations = []
     for dimension, limit in limits.items():

@@ -164,7 +164,7 @@ def clean_history() -> tuple[Script, dict[str, FinalEffect]]:
     s.allow("k3", "a3b", "e3", tool=CHARGE, estimate=est, process="p3")
     s.dispatch("a3b", process="p3")
     s.outcome("a3b", "SUCCEEDED", receipt="r3", process="p3")
-    s.budget_read(60, 30)
+    s.budget_read(60, 0)  # the shared key's success settles a3 too and releases its money
     # k4: released, then allowed again; the outcome's answer is lost and retried.
     s.allow("k4", "a4", "e4", estimate=est, process="p4")
     s.release("a4", process="p4")
@@ -172,11 +172,11 @@ def clean_history() -> tuple[Script, dict[str, FinalEffect]]:
     s.dispatch("a4b", process="p4")
     s.outcome("a4b", "SUCCEEDED", receipt="r4", result="info", process="p4")
     s.outcome("a4b", "SUCCEEDED", receipt="r4", changed=False, process="p4")
-    s.budget_read(90, 30)  # a3 is UNKNOWN: its reservation stays held
+    s.budget_read(90, 0)
     read = final(
         effect("e1", "k1", "SUCCEEDED", attempt("a1", 1, "SUCCEEDED", "r1"), receipt="r1"),
         effect("e2", "k2", "FAILED", attempt("a2x", 1, "FAILED"), attempt("a2", 2, "FAILED")),
-        effect("e3", "k3", "SUCCEEDED", attempt("a3", 1, "UNKNOWN"), attempt("a3b", 2, "SUCCEEDED", "r3"),
+        effect("e3", "k3", "SUCCEEDED", attempt("a3", 1, "SUCCEEDED", "r3"), attempt("a3b", 2, "SUCCEEDED", "r3"),
                tool=CHARGE, receipt="r3"),
         effect("e4", "k4", "SUCCEEDED", attempt("a4", 1, "RELEASED"), attempt("a4b", 2, "SUCCEEDED", "r4"),
                receipt="r4"),
@@ -187,8 +187,8 @@ def clean_history() -> tuple[Script, dict[str, FinalEffect]]:
 def test_a_clean_history_passes_every_check():
     s, read = clean_history()
     assert check_all(s.h, contracts=CONTRACTS, final=read, budget_limits={"usd_micros": 150}) == []
-    # The model sees that a1, a3, a3b and a4b hold 120 for good.
-    assert len(check_budget_model(s.h, {"usd_micros": 119})) == 1
+    # The model sees that a1, a3b and a4b hold 90 for good (a3's money went with the shared key).
+    assert len(check_budget_model(s.h, {"usd_micros": 89})) == 1
     assert check_all(s.h, contracts=CONTRACTS) == []  # without the final read too
 
 
