@@ -7,13 +7,14 @@ import json
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, func, insert, select, text, update
+from sqlalchemy import and_, bindparam, func, insert, select, text, update
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from effect_ledger.domain.approvals import Approval, ApprovalState, Vote
 from effect_ledger.domain.canonical import canonical_bytes
 from effect_ledger.domain.model import Role
+from effect_ledger.storage.statements import prepared
 from effect_ledger.storage.schema import (
     approval_events,
     approval_votes,
@@ -85,13 +86,33 @@ async def for_intent(
     connection: AsyncConnection, tenant_id: str, run_id: str, intent_digest: str, *, lock: bool, limit: int = 50
 ) -> list[Approval]:
     """Every approval of this run for this digest (newest last), locked when about to consume."""
-    return await _load(
-        connection,
-        tenant_id,
-        and_(approvals.c.run_id == run_id, approvals.c.intent_digest == intent_digest),
-        lock=lock,
-        limit=limit,
+    if lock:
+        return await _load(
+            connection,
+            tenant_id,
+            and_(approvals.c.run_id == run_id, approvals.c.intent_digest == intent_digest),
+            lock=True,
+            limit=limit,
+        )
+    query = prepared(
+        "approvals_for_intent",
+        "",
+        lambda: select(approvals)
+        .where(
+            approvals.c.tenant_id == bindparam("tenant_id"),
+            approvals.c.run_id == bindparam("run_id"),
+            approvals.c.intent_digest == bindparam("intent_digest"),
+        )
+        .order_by(approvals.c.approval_id)
+        .limit(bindparam("limit")),
     )
+    rows = (
+        await connection.execute(query, {"tenant_id": tenant_id, "run_id": run_id, "intent_digest": intent_digest, "limit": limit})
+    ).all()
+    if not rows:
+        return []
+    votes = await _votes(connection, tenant_id, [row.approval_id for row in rows])
+    return [_approval(row, votes[row.approval_id]) for row in rows]
 
 
 async def lock_intent(connection: AsyncConnection, tenant_id: str, run_id: str, intent_digest: str) -> None:

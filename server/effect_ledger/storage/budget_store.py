@@ -9,13 +9,14 @@ import json
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, insert, or_, select, update
+from sqlalchemy import and_, bindparam, insert, or_, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from effect_ledger.domain.budgets import INT64_MAX, Budget, Reservation, ReservationState, Scope
 from effect_ledger.domain.canonical import canonical_bytes
 from effect_ledger.storage.schema import budgets, reservations, usage_records
+from effect_ledger.storage.statements import prepared
 
 
 def _budget(row: Row[Any]) -> Budget:
@@ -65,11 +66,18 @@ async def applicable_budgets(
     connection: AsyncConnection, tenant_id: str, run_id: str, root_run_id: str, now: datetime
 ) -> list[Budget]:
     """The budgets that apply to a run (tenant, run, and the run's tree), periods rolled over."""
-    query = select(budgets).where(_applicable(tenant_id, run_id, root_run_id)).order_by(budgets.c.budget_id)
-    found = [_budget(row) for row in (await connection.execute(query)).all()]
+    query = prepared(
+        "applicable_budgets",
+        "",
+        lambda: select(budgets)
+        .where(_applicable(bindparam("tenant_id"), bindparam("run_id"), bindparam("root_run_id")))
+        .order_by(budgets.c.budget_id),
+    )
+    parameters = {"tenant_id": tenant_id, "run_id": run_id, "root_run_id": root_run_id}
+    found = [_budget(row) for row in (await connection.execute(query, parameters)).all()]
     if any(b.period_ends_at is not None and b.period_ends_at <= now for b in found):
         await roll_over_periods(connection, _applicable(tenant_id, run_id, root_run_id), now)
-        found = [_budget(row) for row in (await connection.execute(query)).all()]
+        found = [_budget(row) for row in (await connection.execute(query, parameters)).all()]
     return found
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable
 
-from sqlalchemy import and_, insert, select, update
+from sqlalchemy import and_, bindparam, insert, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -15,6 +15,7 @@ from effect_ledger.domain.canonical import canonical_bytes
 from effect_ledger.domain.checkpoints import ArtifactClass, ArtifactRef, ArtifactStatus, Facts
 from effect_ledger.domain.model import Stage
 from effect_ledger.storage.repository import _insert_ignoring_conflict
+from effect_ledger.storage.statements import prepared
 from effect_ledger.storage.schema import (
     artifacts,
     checkpoints,
@@ -241,24 +242,25 @@ async def add_obligations(connection: AsyncConnection, tenant_id: str, run_id: s
 
 async def outstanding_obligations(connection: AsyncConnection, tenant_id: str, run_id: str, limit: int = 50) -> list[str]:
     """Effects open at a resume of this run that are still open now."""
-    rows = (
-        await connection.execute(
-            select(resume_obligations.c.effect_id)
-            .select_from(
-                resume_obligations.join(
-                    effects,
-                    and_(effects.c.tenant_id == resume_obligations.c.tenant_id, effects.c.effect_id == resume_obligations.c.effect_id),
-                )
+    query = prepared(
+        "outstanding_obligations",
+        "",
+        lambda: select(resume_obligations.c.effect_id)
+        .select_from(
+            resume_obligations.join(
+                effects,
+                and_(effects.c.tenant_id == resume_obligations.c.tenant_id, effects.c.effect_id == resume_obligations.c.effect_id),
             )
-            .where(
-                resume_obligations.c.tenant_id == tenant_id,
-                resume_obligations.c.run_id == run_id,
-                effects.c.stage.in_(OPEN),
-            )
-            .order_by(resume_obligations.c.effect_id)
-            .limit(limit)
         )
-    ).all()
+        .where(
+            resume_obligations.c.tenant_id == bindparam("tenant_id"),
+            resume_obligations.c.run_id == bindparam("run_id"),
+            effects.c.stage.in_(OPEN),
+        )
+        .order_by(resume_obligations.c.effect_id)
+        .limit(bindparam("limit")),
+    )
+    rows = (await connection.execute(query, {"tenant_id": tenant_id, "run_id": run_id, "limit": limit})).all()
     return [row.effect_id for row in rows]
 
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, func, insert, literal, select, union_all, update
+from sqlalchemy import and_, bindparam, func, insert, literal, select, union_all, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -37,6 +37,7 @@ from effect_ledger.domain.model import (
     ToolContract,
 )
 from effect_ledger.domain.trace import event_hash
+from effect_ledger.storage.statements import prepared
 from effect_ledger.storage.schema import (
     attempts,
     decisions,
@@ -65,14 +66,15 @@ async def authenticate(connection: AsyncConnection, token_hash: str) -> tuple[Pr
     and the database clock, in one round trip."""
     from effect_ledger.storage.engine import clock_expression, clock_value
 
-    row = (
-        await connection.execute(
-            select(
-                principals.c.tenant_id, principals.c.principal_id, principals.c.roles,
-                clock_expression(connection.dialect.name),
-            ).where(principals.c.token_hash == token_hash, principals.c.disabled_at.is_(None))
-        )
-    ).first()
+    dialect = connection.dialect.name
+    query = prepared(
+        "authenticate",
+        dialect,
+        lambda: select(
+            principals.c.tenant_id, principals.c.principal_id, principals.c.roles, clock_expression(dialect)
+        ).where(principals.c.token_hash == bindparam("token_hash"), principals.c.disabled_at.is_(None)),
+    )
+    row = (await connection.execute(query, {"token_hash": token_hash})).first()
     if row is None:
         return None, None
     principal = Principal(row.tenant_id, row.principal_id, frozenset(Role(r) for r in json.loads(row.roles)))
@@ -104,29 +106,31 @@ def _contract(row: Row[Any]) -> ToolContract:
 
 
 async def latest_contract(connection: AsyncConnection, tenant_id: str, tool: str) -> ToolContract | None:
-    row = (
-        await connection.execute(
-            select(tool_contracts)
-            .where(tool_contracts.c.tenant_id == tenant_id, tool_contracts.c.tool == tool)
-            .order_by(tool_contracts.c.revision.desc())
-            .limit(1)
-        )
-    ).first()
+    query = prepared(
+        "latest_contract",
+        "",
+        lambda: select(tool_contracts)
+        .where(tool_contracts.c.tenant_id == bindparam("tenant_id"), tool_contracts.c.tool == bindparam("tool"))
+        .order_by(tool_contracts.c.revision.desc())
+        .limit(1),
+    )
+    row = (await connection.execute(query, {"tenant_id": tenant_id, "tool": tool})).first()
     return _contract(row) if row is not None else None
 
 
 async def contract_revision(
     connection: AsyncConnection, tenant_id: str, tool: str, revision: int
 ) -> ToolContract | None:
-    row = (
-        await connection.execute(
-            select(tool_contracts).where(
-                tool_contracts.c.tenant_id == tenant_id,
-                tool_contracts.c.tool == tool,
-                tool_contracts.c.revision == revision,
-            )
-        )
-    ).first()
+    query = prepared(
+        "contract_revision",
+        "",
+        lambda: select(tool_contracts).where(
+            tool_contracts.c.tenant_id == bindparam("tenant_id"),
+            tool_contracts.c.tool == bindparam("tool"),
+            tool_contracts.c.revision == bindparam("revision"),
+        ),
+    )
+    row = (await connection.execute(query, {"tenant_id": tenant_id, "tool": tool, "revision": revision})).first()
     return _contract(row) if row is not None else None
 
 
@@ -245,11 +249,10 @@ async def insert_run(
 
 
 async def get_run(connection: AsyncConnection, tenant_id: str, run_id: str) -> Run | None:
-    row = (
-        await connection.execute(
-            select(runs).where(runs.c.tenant_id == tenant_id, runs.c.run_id == run_id)
-        )
-    ).first()
+    query = prepared(
+        "get_run", "", lambda: select(runs).where(runs.c.tenant_id == bindparam("tenant_id"), runs.c.run_id == bindparam("run_id"))
+    )
+    row = (await connection.execute(query, {"tenant_id": tenant_id, "run_id": run_id})).first()
     return _run(row) if row is not None else None
 
 
@@ -309,13 +312,14 @@ async def append_events(
     the other writers' key-share locks, so concurrent writers of one run deadlocked here.
     ``FOR NO KEY UPDATE`` still excludes every other appender.
     """
-    head = (
-        await connection.execute(
-            select(runs.c.revision, runs.c.head_hash)
-            .where(runs.c.tenant_id == tenant_id, runs.c.run_id == run_id)
-            .with_for_update(key_share=True)
-        )
-    ).one()
+    lock_head = prepared(
+        "lock_run_head",
+        "",
+        lambda: select(runs.c.revision, runs.c.head_hash)
+        .where(runs.c.tenant_id == bindparam("tenant_id"), runs.c.run_id == bindparam("run_id"))
+        .with_for_update(key_share=True),
+    )
+    head = (await connection.execute(lock_head, {"tenant_id": tenant_id, "run_id": run_id})).one()
     revision, prev_hash = head.revision, head.head_hash
     rows = []
     for event_type, payload, principal_id in pending:
@@ -413,36 +417,18 @@ def _effect(row: Row[Any]) -> Effect:
     )
 
 
-async def _load_effects(connection: AsyncConnection, where: Any, lock: bool) -> list[Effect]:
-    """Effects with their attempts; ``lock`` takes the effect rows FOR UPDATE first.
-
-    The lock is taken by a statement of its own, before the read. Under READ COMMITTED a
-    statement that waited for a row lock re-reads only the locked row when the holder commits,
-    not the rows joined to it: a join ``FOR UPDATE OF effects`` returned the new effect row with
-    the attempts as they were before the holder's commit (a DUPLICATE without its receipt, a
-    report applied to a stale attempt and overwriting a newer stage). The read below starts
-    after the lock is held, so it sees everything the previous holder committed; it reads only
-    the rows that were locked (a row committed between the two statements is not locked).
-    """
-    if lock:
-        lock_rows = select(effects.c.effect_id).where(where).order_by(effects.c.effect_id)
-        locked = (await connection.execute(lock_rows.with_for_update())).scalars().all()
-        if not locked:
-            return []
-        where = and_(where, effects.c.effect_id.in_(locked))
-    query = (
-        select(effects, *_ATTEMPT_COLUMNS)
-        .select_from(
-            effects.outerjoin(
-                attempts,
-                and_(attempts.c.tenant_id == effects.c.tenant_id, attempts.c.effect_id == effects.c.effect_id),
-            )
+def _effects_with_attempts() -> Any:
+    return select(effects, *_ATTEMPT_COLUMNS).select_from(
+        effects.outerjoin(
+            attempts,
+            and_(attempts.c.tenant_id == effects.c.tenant_id, attempts.c.effect_id == effects.c.effect_id),
         )
-        .where(where)
-        .order_by(effects.c.effect_id, attempts.c.number)
     )
+
+
+def _assemble(rows: Sequence[Row[Any]]) -> list[Effect]:
     found: dict[str, Effect] = {}
-    for row in (await connection.execute(query)).all():
+    for row in rows:
         effect = found.get(row.effect_id)
         if effect is None:
             effect = found[row.effect_id] = _effect(row)
@@ -452,23 +438,64 @@ async def _load_effects(connection: AsyncConnection, where: Any, lock: bool) -> 
     return list(found.values())
 
 
+async def _effects_by_ids(connection: AsyncConnection, tenant_id: str, ids: Sequence[str]) -> list[Effect]:
+    query = prepared(
+        "effects_by_ids",
+        "",
+        lambda: _effects_with_attempts()
+        .where(effects.c.tenant_id == bindparam("tenant_id"), effects.c.effect_id.in_(bindparam("ids", expanding=True)))
+        .order_by(effects.c.effect_id, attempts.c.number),
+    )
+    return _assemble((await connection.execute(query, {"tenant_id": tenant_id, "ids": list(ids)})).all())
+
+
+async def _load_effects(connection: AsyncConnection, where: Any, lock: bool) -> list[Effect]:
+    """Effects with their attempts (for less frequent, dynamic filters)."""
+    query = _effects_with_attempts().where(where).order_by(effects.c.effect_id, attempts.c.number)
+    return _assemble((await connection.execute(query)).all())
+
+
+async def _lock_effect(connection: AsyncConnection, name: str, column: Any, tenant_id: str, value: str) -> str | None:
+    """Lock an effect row FOR UPDATE by a statement of its own, before reading it.
+
+    Under READ COMMITTED a statement that waited for a row lock re-reads only the locked row
+    when the holder commits, not the rows joined to it: a join ``FOR UPDATE OF effects`` returned
+    the new effect row with the attempts as they were before the holder's commit (a DUPLICATE
+    without its receipt, a report applied to a stale attempt and overwriting a newer stage). The
+    read that follows the lock sees everything the previous holder committed, and reads only the
+    row that was locked (a row committed between the two statements is not locked).
+    """
+    query = prepared(
+        name,
+        "",
+        lambda: select(effects.c.effect_id)
+        .where(effects.c.tenant_id == bindparam("tenant_id"), column == bindparam("value"))
+        .with_for_update(),
+    )
+    return (await connection.execute(query, {"tenant_id": tenant_id, "value": value})).scalar_one_or_none()
+
+
 async def effect_by_key(
     connection: AsyncConnection, tenant_id: str, idempotency_key: str, *, lock: bool
 ) -> Effect | None:
-    found = await _load_effects(
-        connection,
-        and_(effects.c.tenant_id == tenant_id, effects.c.idempotency_key == idempotency_key),
-        lock,
-    )
+    if lock:
+        effect_id = await _lock_effect(connection, "lock_effect_by_key", effects.c.idempotency_key, tenant_id, idempotency_key)
+        if effect_id is None:
+            return None  # a new idempotency key costs one round trip
+        found = await _effects_by_ids(connection, tenant_id, [effect_id])
+    else:
+        found = await _load_effects(
+            connection, and_(effects.c.tenant_id == tenant_id, effects.c.idempotency_key == idempotency_key), lock=False
+        )
     return found[0] if found else None
 
 
 async def effect_by_id(
     connection: AsyncConnection, tenant_id: str, effect_id: str, *, lock: bool
 ) -> Effect | None:
-    found = await _load_effects(
-        connection, and_(effects.c.tenant_id == tenant_id, effects.c.effect_id == effect_id), lock
-    )
+    if lock and await _lock_effect(connection, "lock_effect_by_id", effects.c.effect_id, tenant_id, effect_id) is None:
+        return None
+    found = await _effects_by_ids(connection, tenant_id, [effect_id])
     return found[0] if found else None
 
 
@@ -487,13 +514,14 @@ async def run_effects(connection: AsyncConnection, tenant_id: str, run_id: str, 
 
 
 async def effect_id_of_attempt(connection: AsyncConnection, tenant_id: str, attempt_id: str) -> str | None:
-    return (
-        await connection.execute(
-            select(attempts.c.effect_id).where(
-                attempts.c.tenant_id == tenant_id, attempts.c.attempt_id == attempt_id
-            )
-        )
-    ).scalar_one_or_none()
+    query = prepared(
+        "effect_id_of_attempt",
+        "",
+        lambda: select(attempts.c.effect_id).where(
+            attempts.c.tenant_id == bindparam("tenant_id"), attempts.c.attempt_id == bindparam("attempt_id")
+        ),
+    )
+    return (await connection.execute(query, {"tenant_id": tenant_id, "attempt_id": attempt_id})).scalar_one_or_none()
 
 
 OPEN_STAGE_VALUES = [Stage.AUTHORIZED.value, Stage.DISPATCHED.value, Stage.UNKNOWN.value]
@@ -519,6 +547,34 @@ async def open_effects_of_run(
     )
 
 
+def _effects_for_policy_statement() -> Any:
+    columns = [effects.c.effect_id, effects.c.run_id, effects.c.tool, effects.c.target, effects.c.stage, effects.c.idempotency_key]
+    run_open = (
+        select(*columns, literal("run").label("kind"))
+        .where(
+            effects.c.tenant_id == bindparam("tenant_id"),
+            effects.c.run_id == bindparam("run_id"),
+            effects.c.stage.in_(OPEN_STAGE_VALUES),
+        )
+        .order_by(effects.c.effect_id)
+        .limit(bindparam("open_limit"))
+        .subquery()
+    )
+    on_target = (
+        select(*columns, literal("target").label("kind"))
+        .where(
+            effects.c.tenant_id == bindparam("tenant_id"),
+            effects.c.tool == bindparam("tool"),
+            effects.c.target == bindparam("target"),
+            effects.c.stage == Stage.UNKNOWN.value,
+        )
+        .order_by(effects.c.effect_id)
+        .limit(bindparam("unknown_limit"))
+        .subquery()
+    )
+    return union_all(select(run_open), select(on_target))
+
+
 async def effects_for_policy(
     connection: AsyncConnection,
     tenant_id: str,
@@ -530,27 +586,12 @@ async def effects_for_policy(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """In one round trip: a bounded summary of the run's open effects, and the UNKNOWN effects
     of the same tool on the same target (any run of the tenant)."""
-    columns = [effects.c.effect_id, effects.c.run_id, effects.c.tool, effects.c.target, effects.c.stage, effects.c.idempotency_key]
-    run_open = (
-        select(*columns, literal("run").label("kind"))
-        .where(effects.c.tenant_id == tenant_id, effects.c.run_id == run_id, effects.c.stage.in_(OPEN_STAGE_VALUES))
-        .order_by(effects.c.effect_id)
-        .limit(open_limit)
-        .subquery()
-    )
-    on_target = (
-        select(*columns, literal("target").label("kind"))
-        .where(
-            effects.c.tenant_id == tenant_id,
-            effects.c.tool == tool,
-            effects.c.target == target,
-            effects.c.stage == Stage.UNKNOWN.value,
-        )
-        .order_by(effects.c.effect_id)
-        .limit(unknown_limit)
-        .subquery()
-    )
-    rows = sorted((await connection.execute(union_all(select(run_open), select(on_target)))).all(), key=lambda r: r.effect_id)
+    query = prepared("effects_for_policy", "", _effects_for_policy_statement)
+    parameters = {
+        "tenant_id": tenant_id, "run_id": run_id, "tool": tool, "target": target,
+        "open_limit": open_limit, "unknown_limit": unknown_limit,
+    }
+    rows = sorted((await connection.execute(query, parameters)).all(), key=lambda r: r.effect_id)
     open_summaries = [
         {"effect_id": r.effect_id, "tool": r.tool, "target": r.target, "stage": r.stage} for r in rows if r.kind == "run"
     ]
@@ -613,7 +654,8 @@ def _attempt_values(attempt: Attempt) -> dict[str, Any]:
 
 async def insert_attempt(connection: AsyncConnection, tenant_id: str, attempt: Attempt) -> None:
     await connection.execute(
-        insert(attempts).values(
+        prepared("insert_attempt", "", lambda: insert(attempts)),
+        dict(
             tenant_id=tenant_id,
             attempt_id=attempt.attempt_id,
             effect_id=attempt.effect_id,
@@ -624,28 +666,41 @@ async def insert_attempt(connection: AsyncConnection, tenant_id: str, attempt: A
             decision_id=attempt.decision_id,
             approval_id=attempt.approval_id or None,
             **_attempt_values(attempt),
-        )
+        ),
     )
 
 
 async def save_attempt(connection: AsyncConnection, tenant_id: str, attempt: Attempt) -> None:
+    query = prepared(
+        "save_attempt",
+        "",
+        lambda: update(attempts).where(
+            attempts.c.tenant_id == bindparam("where_tenant_id"), attempts.c.attempt_id == bindparam("where_attempt_id")
+        ),
+    )
     await connection.execute(
-        update(attempts)
-        .where(attempts.c.tenant_id == tenant_id, attempts.c.attempt_id == attempt.attempt_id)
-        .values(**_attempt_values(attempt))
+        query, {"where_tenant_id": tenant_id, "where_attempt_id": attempt.attempt_id, **_attempt_values(attempt)}
     )
 
 
 async def save_effect_state(connection: AsyncConnection, tenant_id: str, effect: Effect) -> None:
+    query = prepared(
+        "save_effect_state",
+        "",
+        lambda: update(effects).where(
+            effects.c.tenant_id == bindparam("where_tenant_id"), effects.c.effect_id == bindparam("where_effect_id")
+        ),
+    )
     await connection.execute(
-        update(effects)
-        .where(effects.c.tenant_id == tenant_id, effects.c.effect_id == effect.effect_id)
-        .values(
-            stage=effect.stage.value,
-            updated_at=effect.updated_at,
-            reconciled_by=effect.reconciled_by,
-            reconcile_reason=effect.reconcile_reason,
-        )
+        query,
+        {
+            "where_tenant_id": tenant_id,
+            "where_effect_id": effect.effect_id,
+            "stage": effect.stage.value,
+            "updated_at": effect.updated_at,
+            "reconciled_by": effect.reconciled_by,
+            "reconcile_reason": effect.reconcile_reason,
+        },
     )
 
 
@@ -672,7 +727,8 @@ async def expired_lease_effects(
 
 async def insert_decision(connection: AsyncConnection, tenant_id: str, decision: Decision) -> None:
     await connection.execute(
-        insert(decisions).values(
+        prepared("insert_decision", "", lambda: insert(decisions)),
+        dict(
             tenant_id=tenant_id,
             decision_id=decision.decision_id,
             run_id=decision.run_id,
@@ -689,7 +745,7 @@ async def insert_decision(connection: AsyncConnection, tenant_id: str, decision:
             principal_id=decision.principal_id,
             tool=decision.tool,
             created_at=decision.created_at,
-        )
+        ),
     )
 
 
