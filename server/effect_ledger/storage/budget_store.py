@@ -9,7 +9,7 @@ import json
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, bindparam, insert, or_, select, update
+from sqlalchemy import BigInteger, and_, bindparam, insert, or_, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -114,16 +114,19 @@ async def known_dimensions(connection: AsyncConnection, tenant_id: str) -> froze
 
 async def reserve(connection: AsyncConnection, tenant_id: str, budget_id: str, amount: int, now: datetime) -> bool:
     """pending += amount, only if posted + pending + amount <= limit. True when reserved."""
-    result = await connection.execute(
-        update(budgets)
+    query = prepared(
+        "reserve",
+        "",
+        lambda: update(budgets)
         .where(
-            budgets.c.tenant_id == tenant_id,
-            budgets.c.budget_id == budget_id,
-            budgets.c.posted + budgets.c.pending + amount <= budgets.c.limit_amount,
+            budgets.c.tenant_id == bindparam("where_tenant_id"),
+            budgets.c.budget_id == bindparam("where_budget_id"),
+            budgets.c.posted + budgets.c.pending + bindparam("amount", type_=BigInteger) <= budgets.c.limit_amount,
         )
-        .values(pending=budgets.c.pending + amount, updated_at=now)
+        .values(pending=budgets.c.pending + bindparam("amount", type_=BigInteger), updated_at=bindparam("now")),
     )
-    return result.rowcount == 1
+    parameters = {"where_tenant_id": tenant_id, "where_budget_id": budget_id, "amount": amount, "now": now}
+    return (await connection.execute(query, parameters)).rowcount == 1
 
 
 async def move(
@@ -133,24 +136,36 @@ async def move(
 
     False, and nothing changed, when posting would overflow the 64-bit counter (PostgreSQL
     would fail the statement; SQLite would silently turn the counter into a float)."""
-    conditions = [budgets.c.tenant_id == tenant_id, budgets.c.budget_id == budget_id]
-    if posted_delta > 0:
-        conditions.append(budgets.c.posted <= INT64_MAX - posted_delta)
-    result = await connection.execute(
-        update(budgets)
-        .where(*conditions)
-        .values(
-            pending=budgets.c.pending + pending_delta,
-            posted=budgets.c.posted + posted_delta,
-            updated_at=now,
+    query = prepared(
+        "move",
+        "",
+        lambda: update(budgets)
+        .where(
+            budgets.c.tenant_id == bindparam("where_tenant_id"),
+            budgets.c.budget_id == bindparam("where_budget_id"),
+            budgets.c.posted <= bindparam("posted_ceiling", type_=BigInteger),
         )
+        .values(
+            pending=budgets.c.pending + bindparam("pending_delta", type_=BigInteger),
+            posted=budgets.c.posted + bindparam("posted_delta", type_=BigInteger),
+            updated_at=bindparam("now"),
+        ),
     )
-    return result.rowcount == 1
+    parameters = {
+        "where_tenant_id": tenant_id,
+        "where_budget_id": budget_id,
+        "posted_ceiling": INT64_MAX - max(posted_delta, 0),
+        "pending_delta": pending_delta,
+        "posted_delta": posted_delta,
+        "now": now,
+    }
+    return (await connection.execute(query, parameters)).rowcount == 1
 
 
 async def insert_reservation(connection: AsyncConnection, tenant_id: str, reservation: Reservation) -> None:
     await connection.execute(
-        insert(reservations).values(
+        prepared("insert_reservation", "", lambda: insert(reservations)),
+        dict(
             tenant_id=tenant_id,
             reservation_id=reservation.reservation_id,
             budget_id=reservation.budget_id,
@@ -162,7 +177,7 @@ async def insert_reservation(connection: AsyncConnection, tenant_id: str, reserv
             posted_amount=0,
             created_at=reservation.created_at,
             settled_at=None,
-        )
+        ),
     )
 
 
@@ -171,17 +186,18 @@ async def pending_reservations_of_attempts(
 ) -> list[Reservation]:
     if not attempt_ids:
         return []
-    rows = (
-        await connection.execute(
-            select(reservations)
-            .where(
-                reservations.c.tenant_id == tenant_id,
-                reservations.c.attempt_id.in_(attempt_ids),
-                reservations.c.state == ReservationState.PENDING.value,
-            )
-            .order_by(reservations.c.budget_id)
+    query = prepared(
+        "pending_reservations_of_attempts",
+        "",
+        lambda: select(reservations)
+        .where(
+            reservations.c.tenant_id == bindparam("tenant_id"),
+            reservations.c.attempt_id.in_(bindparam("attempt_ids", expanding=True)),
+            reservations.c.state == ReservationState.PENDING.value,
         )
-    ).all()
+        .order_by(reservations.c.budget_id),
+    )
+    rows = (await connection.execute(query, {"tenant_id": tenant_id, "attempt_ids": list(attempt_ids)})).all()
     return [_reservation(row) for row in rows]
 
 
@@ -189,16 +205,22 @@ async def settle_reservation(
     connection: AsyncConnection, tenant_id: str, reservation_id: str, state: ReservationState, posted_amount: int, now: datetime
 ) -> bool:
     """PENDING -> a final state, once: a reservation ends in exactly one of posted, voided, expired."""
-    result = await connection.execute(
-        update(reservations)
+    query = prepared(
+        "settle_reservation",
+        "",
+        lambda: update(reservations)
         .where(
-            reservations.c.tenant_id == tenant_id,
-            reservations.c.reservation_id == reservation_id,
+            reservations.c.tenant_id == bindparam("where_tenant_id"),
+            reservations.c.reservation_id == bindparam("where_reservation_id"),
             reservations.c.state == ReservationState.PENDING.value,
         )
-        .values(state=state.value, posted_amount=posted_amount, settled_at=now)
+        .values(state=bindparam("state"), posted_amount=bindparam("posted_amount"), settled_at=bindparam("now")),
     )
-    return result.rowcount == 1
+    parameters = {
+        "where_tenant_id": tenant_id, "where_reservation_id": reservation_id,
+        "state": state.value, "posted_amount": posted_amount, "now": now,
+    }
+    return (await connection.execute(query, parameters)).rowcount == 1
 
 
 async def budgets_of_scope(connection: AsyncConnection, tenant_id: str, scope: Scope, scope_id: str, now: datetime) -> list[Budget]:

@@ -348,18 +348,29 @@ async def append_events(
             }
         )
         prev_hash = digest
-    move_head = (
-        update(runs)
-        .where(runs.c.tenant_id == tenant_id, runs.c.run_id == run_id)
-        .values(revision=revision, head_hash=prev_hash)
-    )
-    if connection.dialect.name == "postgresql":
-        # One round trip: the events and the new head in one statement (a data-modifying CTE).
-        await connection.execute(move_head.add_cte(insert(run_events).values(rows).cte("appended")))
+    head = {"where_tenant_id": tenant_id, "where_run_id": run_id, "new_revision": revision, "new_head_hash": prev_hash}
+    if connection.dialect.name == "postgresql" and len(rows) == 1:
+        # One round trip: the event and the new head in one statement (a data-modifying CTE).
+        event = {f"event_{name}": value for name, value in rows[0].items()}
+        await connection.execute(prepared("append_one_event", "postgresql", _append_one_event), {**head, **event})
     else:
-        await connection.execute(insert(run_events), rows)
-        await connection.execute(move_head)
+        await connection.execute(prepared("insert_events", "", lambda: insert(run_events)), rows)
+        await connection.execute(prepared("move_run_head", "", _move_run_head), head)
     return revision
+
+
+def _move_run_head() -> Any:
+    return (
+        update(runs)
+        .where(runs.c.tenant_id == bindparam("where_tenant_id"), runs.c.run_id == bindparam("where_run_id"))
+        .values(revision=bindparam("new_revision"), head_hash=bindparam("new_head_hash"))
+    )
+
+
+def _append_one_event() -> Any:
+    values = {column.name: bindparam(f"event_{column.name}", type_=column.type) for column in run_events.c}
+    appended = insert(run_events).values(values).cte("appended")
+    return _move_run_head().add_cte(appended)
 
 
 # --- effects and attempts ------------------------------------------------------------------
