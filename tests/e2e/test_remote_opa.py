@@ -200,3 +200,35 @@ def test_every_fault_fails_closed_and_writes_nothing(opa_server, standin, pg_url
     open_effects = agent.gate.ListOpenEffects(gate_pb2.ListOpenEffectsRequest(run_id=run_id)).effects
     assert {e.effect_id for e in open_effects} == effect_ids
     assert agent.runs.GetRun(runs_pb2.GetRunRequest(run_id=run_id)).revision == run_revision + len(FAULTS)
+
+
+def test_a_call_without_a_deadline_gets_the_default_one_and_writes_nothing(pg_url, standin):
+    """A client that sends no deadline still gets an answer: DEADLINE_EXCEEDED after the
+    server's default, here shorter than a policy that hangs (nothing is written)."""
+    import grpc
+
+    from effectledger.v1 import gate_pb2_grpc, runs_pb2, runs_pb2_grpc, tools_pb2_grpc
+
+    server = ServerProcess(
+        pg_url,
+        ["--opa-url", standin.url, "--opa-timeout-seconds", "5", "--default-deadline-seconds", "0.5"],
+    ).start()
+    try:
+        tenant = new_tenant(pg_url)
+        with grpc.insecure_channel(server.target) as channel:
+            admin = (("authorization", f"Bearer {tenant.tokens['admin']}"),)
+            agent = (("authorization", f"Bearer {tenant.tokens['agent']}"),)
+            tools_pb2_grpc.ToolRegistryStub(channel).PutToolContract(contract(), metadata=admin)
+            run = runs_pb2_grpc.RunsStub(channel).CreateRun(runs_pb2.CreateRunRequest(), metadata=agent)
+            standin.set_mode("slow")
+            started = time.monotonic()
+            with pytest.raises(grpc.RpcError) as caught:
+                gate_pb2_grpc.GateStub(channel).AuthorizeEffect(authorize_request(run.run_id, "no-deadline"), metadata=agent)
+            elapsed = time.monotonic() - started
+            assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert elapsed < 2.0, "answered by the server's default deadline, not the policy's timeout"
+            standin.set_mode("normal")
+            head = runs_pb2_grpc.RunsStub(channel).GetRun(runs_pb2.GetRunRequest(run_id=run.run_id), metadata=agent)
+            assert head.revision == 1, "nothing was written"
+    finally:
+        server.stop()
