@@ -460,7 +460,7 @@ async def _effects_by_ids(connection: AsyncConnection, tenant_id: str, ids: Sequ
     return _assemble((await connection.execute(query, {"tenant_id": tenant_id, "ids": list(ids)})).all())
 
 
-async def _load_effects(connection: AsyncConnection, where: Any, lock: bool) -> list[Effect]:
+async def _load_effects(connection: AsyncConnection, where: Any) -> list[Effect]:
     """Effects with their attempts (for less frequent, dynamic filters)."""
     query = _effects_with_attempts().where(where).order_by(effects.c.effect_id, attempts.c.number)
     return _assemble((await connection.execute(query)).all())
@@ -496,7 +496,7 @@ async def effect_by_key(
         found = await _effects_by_ids(connection, tenant_id, [effect_id])
     else:
         found = await _load_effects(
-            connection, and_(effects.c.tenant_id == tenant_id, effects.c.idempotency_key == idempotency_key), lock=False
+            connection, and_(effects.c.tenant_id == tenant_id, effects.c.idempotency_key == idempotency_key)
         )
     return found[0] if found else None
 
@@ -520,7 +520,7 @@ async def run_effects(connection: AsyncConnection, tenant_id: str, run_id: str, 
         .scalar_subquery()
     )
     return await _load_effects(
-        connection, and_(effects.c.tenant_id == tenant_id, effects.c.effect_id.in_(ids)), lock=False
+        connection, and_(effects.c.tenant_id == tenant_id, effects.c.effect_id.in_(ids))
     )
 
 
@@ -554,7 +554,7 @@ async def open_effects_of_run(
         .scalar_subquery()
     )
     return await _load_effects(
-        connection, and_(effects.c.tenant_id == tenant_id, effects.c.effect_id.in_(ids)), lock=False
+        connection, and_(effects.c.tenant_id == tenant_id, effects.c.effect_id.in_(ids))
     )
 
 
