@@ -374,15 +374,6 @@ async def fork(unit: UnitOfWork, principal: Principal, checkpoint_id: str, world
     return run_id, parent.run_id
 
 
-async def ancestors(unit: UnitOfWork, tenant_id: str, run: Any, depth_max: int = 16) -> list[str]:
-    found = []
-    current = run
-    while current is not None and current.parent_run_id and len(found) < depth_max:
-        found.append(current.parent_run_id)
-        current = await repo.get_run(unit.connection, tenant_id, current.parent_run_id)
-    return found
-
-
 # --- export and import ---------------------------------------------------------------------
 
 

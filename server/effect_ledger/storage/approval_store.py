@@ -7,7 +7,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, bindparam, func, insert, select, text, update
+from sqlalchemy import and_, bindparam, insert, select, text, update
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -295,12 +295,3 @@ async def events_after(
             )
         ).all()
     )
-
-
-async def latest_sequence(connection: AsyncConnection, tenant_id: str) -> int:
-    value = (
-        await connection.execute(
-            select(func.max(approval_events.c.sequence)).where(approval_events.c.tenant_id == tenant_id)
-        )
-    ).scalar_one_or_none()
-    return value or 0

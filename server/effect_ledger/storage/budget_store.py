@@ -5,7 +5,6 @@ take the last unit."""
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -337,10 +336,6 @@ async def usage_by_request(connection: AsyncConnection, tenant_id: str, request_
             )
         )
     ).scalar_one_or_none()
-
-
-def usage_of(row: Row[Any]) -> dict[str, int]:
-    return json.loads(row.usage)
 
 
 async def expired_reservations_of_attempts(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -14,7 +13,6 @@ from effect_ledger.domain.model import (
     Effect,
     EffectClass,
     FailureEvidence,
-    Outcome,
     Reason,
     Receipt,
     Recovery,
@@ -252,18 +250,10 @@ def decision_to_proto(decision: Decision) -> gate_pb2.Decision:
     )
 
 
-def outcome_name(value: int) -> Outcome:
-    return Outcome(common_pb2.Outcome.Name(value))
-
-
-def payload(event: runs_pb2.RunEvent) -> dict:
-    return json.loads(event.payload_json)
-
-
 # --- approvals and budgets -----------------------------------------------------------------
 
 from effect_ledger.domain.approvals import Approval, ApprovalState  # noqa: E402
-from effect_ledger.domain.budgets import Budget, Reservation, ReservationState, Scope  # noqa: E402
+from effect_ledger.domain.budgets import Budget, Reservation, Scope  # noqa: E402
 from effectledger.v1 import approvals_pb2, budgets_pb2  # noqa: E402
 
 
@@ -341,5 +331,3 @@ def reservation_to_proto(reservation: Reservation) -> budgets_pb2.Reservation:
         settled_at=timestamp(reservation.settled_at),
     )
 
-
-RESERVATION_STATES = {state: budgets_pb2.ReservationState.Value(f"RESERVATION_{state.value}") for state in ReservationState}
