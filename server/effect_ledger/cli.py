@@ -94,6 +94,7 @@ def command_serve(options: argparse.Namespace) -> int:
         maximum_concurrent_rpcs=options.maximum_concurrent_rpcs,
         grace_seconds=options.grace_seconds,
         lease_sweep_interval_seconds=options.lease_sweep_interval_seconds,
+        reconcile_grace_seconds=options.reconcile_grace_seconds,
         database_pool_size=options.database_pool_size,
         port_file=options.port_file,
         approval_ttl_seconds_default=options.approval_ttl_seconds_default,
@@ -281,6 +282,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--maximum-concurrent-rpcs", type=int, default=int(_env("maximum-concurrent-rpcs", "256")))
     serve.add_argument("--grace-seconds", type=float, default=float(_env("grace-seconds", "10")))
     serve.add_argument("--lease-sweep-interval-seconds", type=float, default=float(_env("lease-sweep-interval-seconds", "1")))
+    serve.add_argument(
+        "--reconcile-grace-seconds", type=float, default=float(_env("reconcile-grace-seconds", "-1")),
+        help="how long after a lease ends only its owner may settle it not_happened (default: the lease length)",
+    )
     serve.add_argument("--database-pool-size", type=int, default=int(_env("database-pool-size", "10")))
     serve.add_argument("--port-file", default=_env("port-file"), help="write the bound port here")
     serve.add_argument("--approval-ttl-seconds-default", type=int, default=int(_env("approval-ttl-seconds-default", "3600")))

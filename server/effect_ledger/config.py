@@ -35,6 +35,10 @@ class ServerSettings:
     maximum_concurrent_rpcs: int = 256
     grace_seconds: float = 10.0
     lease_sweep_interval_seconds: float = 1.0
+    # ReconcileEffect(not_happened) from anyone but an attempt's owner waits this long after the
+    # attempt's lease ends (a late sender may still be in flight). Negative: the attempt's own
+    # lease length (its tool contract's lease_seconds), the default.
+    reconcile_grace_seconds: float = -1.0
     health_check_interval_seconds: float = 1.0
     database_pool_size: int = 10
     port_file: str = ""

@@ -13,7 +13,8 @@ effect is settled:
 - ALLOW: go on with the cycle;
 - RECONCILE_REQUIRED: an attempt the client never heard of (a lost ALLOW) or never sent is
   reconciled ``not_happened``; one it sent is reconciled with what the provider answered;
-- a report refused because the lease (2 s) ran out meanwhile: reconciled the same way;
+- a report refused because the lease (2 s) ran out meanwhile (a dispatch refused with
+  ``LEASE_EXPIRED``, an outcome refused with ``RECONCILE_REQUIRED``): reconciled the same way;
 - DUPLICATE: done.
 
 Then: the checker finds no violation (no ALLOW after SUCCEEDED, no two live attempts unless
@@ -299,14 +300,15 @@ class Worker:
                 raise Stop(f"ReleaseAttempt: {released.error or stage_of(released)}")
             return
         dispatched = self.definite(lambda **kw: self.client.dispatch(attempt_id, **plan.tag, **kw))
-        if dispatched.type == "fail":
-            raise Stop(f"RecordDispatch refused: {dispatched.error}")
-        if stage_of(dispatched) == "UNKNOWN":
-            # The lease ran out before the dispatch was recorded: never send it. Under
-            # RETRY_SAME_KEY the next ALLOW reuses the provider key; else it must be settled.
+        if dispatched.type == "fail" and dispatched.reason == "LEASE_EXPIRED":
+            # The lease ran out before the dispatch was recorded (the attempt is UNKNOWN now):
+            # never send it. Under RETRY_SAME_KEY the next ALLOW reuses the provider key; else
+            # this runtime, its owner, settles it: it knows it never sent it.
             if not same_key:
                 self.settle(plan, None)
             return
+        if dispatched.type == "fail":
+            raise Stop(f"RecordDispatch refused: {dispatched.error}")
         if stage_of(dispatched) != "DISPATCHED":
             raise Stop(f"RecordDispatch answered {stage_of(dispatched)}")
         reference = self.provider.send(plan.key, allowed.provider_idempotency_key, step)

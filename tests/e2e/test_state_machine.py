@@ -145,6 +145,7 @@ class MAttempt:
     reservation: str = "NONE"  # NONE, PENDING, POSTED, VOIDED, EXPIRED
     receipt: str | None = None
     approval_id: str = ""
+    lease_expired: bool = False  # UNKNOWN because its lease ran out (not by a report)
 
 
 @dataclass
@@ -296,10 +297,15 @@ def attempt_report(attempt: MAttempt, kind: str, evidence: str = "", reference: 
     """What a report does to an attempt: ("applied", stage), ("same", stage) or ("refused", reason)."""
     stage = attempt.stage
     if kind == "DISPATCHED":
+        # Accepted while it may still be sent; any other answer means "do not send".
         if stage == "AUTHORIZED":
             return "applied", "DISPATCHED"
         if stage == "RELEASED":
             return "refused", "ATTEMPT_RELEASED"
+        if stage == "UNKNOWN":
+            return "refused", "LEASE_EXPIRED" if attempt.lease_expired else "ATTEMPT_NOT_OPEN"
+        if stage == "FAILED":
+            return "refused", "ATTEMPT_SETTLED"
         return "same", stage
     if kind == "RELEASED":
         if stage == "AUTHORIZED":
@@ -708,10 +714,13 @@ class LedgerMachine(RuleBasedStateMachine):
         attempt = effect.attempts[-1]
         dispatched = False
         if dispatch:
-            answer = self.agent.gate.RecordDispatch(gate_pb2.RecordDispatchRequest(attempt_id=attempt.attempt_id))
+            answer, error = call(self.agent.gate.RecordDispatch, gate_pb2.RecordDispatchRequest(attempt_id=attempt.attempt_id))
             # A stalled machine may let the lease run out first: the answer says which happened.
-            dispatched = answer.changed
-            assert stage_name(answer.attempt.stage) == ("DISPATCHED" if dispatched else "UNKNOWN")
+            dispatched = error is None
+            if dispatched:
+                assert answer.changed and stage_name(answer.attempt.stage) == "DISPATCHED"
+            else:
+                assert error == ("FAILED_PRECONDITION", "LEASE_EXPIRED"), error
         deadline = time.monotonic() + LEASE_WAIT_SECONDS_MAX
         while True:
             shown = self.agent.gate.GetEffect(gate_pb2.GetEffectRequest(effect_id=effect.effect_id))
@@ -723,6 +732,7 @@ class LedgerMachine(RuleBasedStateMachine):
         _, error = call(self.agent.gate.RenewLease, gate_pb2.RenewLeaseRequest(attempt_id=attempt.attempt_id))
         assert error == ("FAILED_PRECONDITION", "LEASE_EXPIRED"), error
         attempt.stage = "UNKNOWN"
+        attempt.lease_expired = True
         if not dispatched and attempt.reservation == "PENDING":
             attempt.reservation = "EXPIRED"
         self._count("lease:expired:" + ("dispatched" if dispatched else "authorized"))

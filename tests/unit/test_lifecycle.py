@@ -23,6 +23,7 @@ from effect_ledger.domain.lifecycle import (
     lease_expired,
     lease_until,
     ledger_verdict,
+    not_happened_settles_after,
     provider_key_for_new_attempt,
     reconcile,
 )
@@ -173,7 +174,7 @@ REPORT_TABLE = {
         "unknown": APPLIED,
     },
     Stage.UNKNOWN: {
-        "dispatched": IGNORED,
+        "dispatched": "ATTEMPT_NOT_OPEN",  # reported UNKNOWN by its runtime (its lease still runs)
         "released": "ATTEMPT_NOT_RELEASABLE",
         "succeeded same receipt": "RECONCILE_REQUIRED",
         "succeeded other receipt": "RECONCILE_REQUIRED",
@@ -191,7 +192,7 @@ REPORT_TABLE = {
         "unknown": IGNORED,
     },
     Stage.FAILED: {
-        "dispatched": IGNORED,
+        "dispatched": "ATTEMPT_SETTLED",
         "released": "ATTEMPT_NOT_RELEASABLE",
         "succeeded same receipt": "CONFLICTING_OUTCOME",
         "succeeded other receipt": "CONFLICTING_OUTCOME",
@@ -225,7 +226,7 @@ def test_the_report_table_covers_every_stage_and_report():
 def test_apply_report(stage, label):
     report = REPORTS[label]
     expected = REPORT_TABLE[stage][label]
-    transition = apply_report(make_attempt(stage), report)
+    transition = apply_report(make_attempt(stage), report, T0)
     if expected == APPLIED:
         assert transition.applied and not transition.refused
         assert transition.stage == Stage(report.kind.value)
@@ -241,18 +242,39 @@ def test_apply_report(stage, label):
 
 
 def test_a_succeeded_report_without_a_receipt_conflicts_with_a_recorded_success():
-    transition = apply_report(make_attempt(Stage.SUCCEEDED), Report(ReportKind.SUCCEEDED))
+    transition = apply_report(make_attempt(Stage.SUCCEEDED), Report(ReportKind.SUCCEEDED), T0)
     assert transition.refused_reason == "CONFLICTING_OUTCOME"
 
 
 def test_a_failure_without_evidence_on_a_dispatched_attempt_is_applied():
-    transition = apply_report(make_attempt(Stage.DISPATCHED), Report(ReportKind.FAILED, "x"))
+    transition = apply_report(make_attempt(Stage.DISPATCHED), Report(ReportKind.FAILED, "x"), T0)
     assert transition.applied and transition.stage == Stage.FAILED
 
 
 def test_a_failure_without_evidence_on_a_released_attempt_is_refused():
-    transition = apply_report(make_attempt(Stage.RELEASED), Report(ReportKind.FAILED, "x"))
+    transition = apply_report(make_attempt(Stage.RELEASED), Report(ReportKind.FAILED, "x"), T0)
     assert transition.refused_reason == "ATTEMPT_RELEASED"
+
+
+def test_a_dispatch_judged_after_the_lease_ran_out_is_refused_as_lease_expired():
+    expired = make_attempt(Stage.UNKNOWN, lease_expires_at=T0)
+    transition = apply_report(expired, Report(ReportKind.DISPATCHED), T0)
+    assert transition.refused_reason == "LEASE_EXPIRED" and not transition.applied
+
+
+def test_not_happened_from_others_waits_out_the_lease_and_the_grace():
+    mine = make_attempt(Stage.UNKNOWN, 1, lease_expires_at=T0)
+    mine.principal_id = "agent-a"
+    theirs = make_attempt(Stage.UNKNOWN, 2, lease_expires_at=T0 + timedelta(seconds=5))
+    theirs.principal_id = "agent-b"
+    both = (mine.attempt_id, theirs.attempt_id)
+    # The owner of every attempt settled may settle at once.
+    assert not_happened_settles_after([mine], (mine.attempt_id,), "agent-a", 30) is None
+    # Anyone else waits for the latest lease end plus the grace.
+    assert not_happened_settles_after([mine, theirs], both, "agent-a", 30) == T0 + timedelta(seconds=35)
+    assert not_happened_settles_after([mine, theirs], both, "operator", 0) == T0 + timedelta(seconds=5)
+    # Attempts that are not being settled do not count.
+    assert not_happened_settles_after([mine, theirs], (mine.attempt_id,), "agent-b", 30) == T0 + timedelta(seconds=30)
 
 
 # --- random report sequences never regress an attempt ---------------------------------------------
@@ -298,7 +320,7 @@ class EffectLifecycle(RuleBasedStateMachine):
             receipt=receipt if kind == ReportKind.SUCCEEDED else None,
             failure_evidence=evidence if kind == ReportKind.FAILED else None,
         )
-        transition = apply_report(attempt, report)
+        transition = apply_report(attempt, report, self.now)
         assert not (transition.applied and transition.refused)
         if transition.applied:
             assert before not in TERMINAL and before != Stage.UNKNOWN

@@ -193,16 +193,16 @@ def _same_receipt(attempt: Attempt, receipt: Receipt | None) -> bool:
     )
 
 
-def apply_report(attempt: Attempt, report: Report) -> Transition:
-    """Decide the effect of a runtime's report on an attempt (leases already expired)."""
+def apply_report(attempt: Attempt, report: Report, now: datetime) -> Transition:
+    """Decide the effect of a runtime's report on an attempt.
+
+    ``now`` is the database clock read after the attempt's effect was locked, and the attempt's
+    lease has already been judged by it (expired leases made UNKNOWN).
+    """
     stage = attempt.stage
     kind = report.kind
     if kind == ReportKind.DISPATCHED:
-        if stage == Stage.AUTHORIZED:
-            return Transition(Stage.DISPATCHED, applied=True)
-        if stage == Stage.RELEASED:
-            return _refuse(stage, "ATTEMPT_RELEASED", "the attempt was released; it must not be sent")
-        return Transition(stage, applied=False)
+        return _dispatch(attempt, now)
     if kind == ReportKind.RELEASED:
         if stage == Stage.AUTHORIZED:
             return Transition(Stage.RELEASED, applied=True)
@@ -239,6 +239,28 @@ def apply_report(attempt: Attempt, report: Report) -> Transition:
     return _refuse(stage, "ATTEMPT_RELEASED", f"the attempt was released; {kind.value} refused")
 
 
+def _dispatch(attempt: Attempt, now: datetime) -> Transition:
+    """A dispatch is accepted only while the attempt may still be sent: AUTHORIZED with a live
+    lease (DISPATCHED again, or after SUCCEEDED, is an echo). Every refusal tells the runtime
+    not to send; so does an echo whose stage is not DISPATCHED."""
+    stage = attempt.stage
+    if stage == Stage.AUTHORIZED:
+        return Transition(Stage.DISPATCHED, applied=True)
+    if stage in (Stage.DISPATCHED, Stage.SUCCEEDED):
+        # An echo (a retried dispatch); after SUCCEEDED the effect happened and nothing is sent.
+        return Transition(stage, applied=False)
+    if stage == Stage.RELEASED:
+        return _refuse(stage, "ATTEMPT_RELEASED", "the attempt was released; it must not be sent")
+    if stage == Stage.UNKNOWN:
+        if attempt.lease_expires_at <= now:
+            return _refuse(
+                stage, "LEASE_EXPIRED",
+                "the lease ran out before the dispatch was recorded; the attempt is UNKNOWN: do not send",
+            )
+        return _refuse(stage, "ATTEMPT_NOT_OPEN", "the attempt's outcome was reported UNKNOWN; do not send")
+    return _refuse(stage, "ATTEMPT_SETTLED", f"the attempt is {stage.value}; it must not be sent again")
+
+
 def _refuse(stage: Stage, reason: str, message: str) -> Transition:
     return Transition(stage, applied=False, refused_reason=reason, refused_message=message)
 
@@ -263,6 +285,23 @@ class Reconciliation:
     applied: bool
     refused_reason: str = ""
     refused_message: str = ""
+
+
+def not_happened_settles_after(
+    attempts: list[Attempt], settled: tuple[str, ...], principal_id: str, grace_seconds: float
+) -> datetime | None:
+    """When "it did not happen" may settle these attempts, if not now; None: it may now.
+
+    Its owner (the principal that authorized it, and sends it) may say so at any time. Anyone
+    else waits until ``grace_seconds`` after the lease ended: a runtime that dispatched at its
+    lease's last moment may still be sending, and a provider asked too early finds nothing.
+    """
+    waits = [
+        attempt.lease_expires_at + timedelta(seconds=grace_seconds)
+        for attempt in attempts
+        if attempt.attempt_id in settled and attempt.principal_id != principal_id
+    ]
+    return max(waits) if waits else None
 
 
 def reconcile(effect: Effect, evidence_stage: Stage, receipt: Receipt | None) -> Reconciliation:

@@ -151,6 +151,8 @@ class Attempt:
     failure_evidence: FailureEvidence | None = None
     receipt: Receipt | None = None
     approval_id: str = ""
+    # The principal whose AuthorizeEffect created it (the one that sends it).
+    principal_id: str = ""
 
 
 @dataclass

@@ -273,7 +273,7 @@ async def check(unit: UnitOfWork, principal: Principal, checkpoint_id: str, curr
     recorded_open = [e["effect_id"] for e in record.ledger.get("effects", {}).get("open", [])]
     unresolved = []
     for effect_id in recorded_open:
-        effect = await repo.effect_by_id(unit.connection, principal.tenant_id, effect_id, lock=False)
+        effect = await repo.effect_by_id(unit.connection, principal.tenant_id, effect_id)
         if effect is None:
             unresolved.append(effect_id)
             continue

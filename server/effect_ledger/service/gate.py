@@ -67,6 +67,8 @@ class AuthorizeRequest:
     idempotency_key: str
     target: str
     estimate: dict[str, int] = field(default_factory=dict)
+    # On ALLOW the attempt starts DISPATCHED (the runtime sends right away).
+    begin_dispatched: bool = False
 
 
 @dataclass(frozen=True)
@@ -205,22 +207,97 @@ async def _lease_seconds(unit: UnitOfWork, tenant_id: str, effect: Effect) -> in
     return contract.lease_seconds
 
 
+def adopt_clock(unit: UnitOfWork, locked: repo.LockedEffect | None) -> Effect | None:
+    """Judge the locked effect's leases by the clock read after its lock was granted.
+
+    A clock read before the lock (the authentication query's) may be older than a commit the
+    lock waited for, and a lease judged by it may be live for this writer while a reader has
+    already shown it run out: one lease, two answers. From here on the unit uses the later time
+    for every judgment, for the leases it starts and for the records it writes.
+    """
+    if locked is None:
+        return None
+    if locked.now > unit.now:
+        unit.now = locked.now
+    return locked.effect
+
+
 async def _locked_effect(unit: UnitOfWork, principal: Principal, effect_id: str) -> Effect:
-    effect = await repo.effect_by_id(unit.connection, principal.tenant_id, effect_id, lock=True)
+    effect = adopt_clock(unit, await repo.lock_effect_by_id(unit.connection, principal.tenant_id, effect_id))
     if effect is None:
         raise NotFound("effect", effect_id)
     await expire_leases(unit, principal.tenant_id, effect, principal.principal_id)
     return effect
 
 
+async def record_expiries(unit: UnitOfWork, tenant_id: str, found: list[Effect]) -> list[Effect]:
+    """What a read shows: an effect whose lease ran out by the read's clock is locked, judged
+    again by the clock read after its lock, and the expiry recorded before the read answers.
+    So an attempt a read has shown UNKNOWN is UNKNOWN in the ledger, and a late dispatch
+    cannot revive it."""
+    shown = []
+    for effect in found:
+        if any(lifecycle.lease_expired(attempt, unit.now) for attempt in effect.attempts):
+            locked = adopt_clock(unit, await repo.lock_effect_by_id(unit.connection, tenant_id, effect.effect_id))
+            if locked is None:
+                continue
+            await expire_leases(unit, tenant_id, locked, SYSTEM_SWEEPER)
+            effect = locked
+        shown.append(effect)
+    return shown
+
+
 # --- AuthorizeEffect -----------------------------------------------------------------------
 
 
+def authorized_events(
+    effect: Effect, attempt: Attempt, created: bool, decision_id: str, approval_id: str
+) -> list[tuple[str, dict[str, Any]]]:
+    """The trace events of an ALLOW: the authorization, and the dispatch when it began with it."""
+    events: list[tuple[str, dict[str, Any]]] = [
+        (
+            "effect.authorized" if created else "attempt.authorized",
+            {
+                "effect_id": effect.effect_id,
+                "attempt_id": attempt.attempt_id,
+                "attempt_number": attempt.number,
+                "decision_id": decision_id,
+                "tool": effect.tool,
+                "tool_revision": effect.tool_revision,
+                "target": effect.target,
+                "idempotency_key": effect.idempotency_key,
+                "intent_digest": effect.intent_digest,
+                "provider_key_reused": attempt.provider_key_reused,
+                "lease_expires_at": attempt.lease_expires_at.isoformat(),
+                "approval_id": approval_id,
+            },
+        )
+    ]
+    if attempt.stage == Stage.DISPATCHED:
+        events.append(
+            (
+                "attempt.dispatched",
+                {"effect_id": effect.effect_id, "attempt_id": attempt.attempt_id, "report": "DISPATCHED",
+                 "reason": "begin_dispatched", "failure_evidence": None, "receipt": None,
+                 "stage_before": Stage.AUTHORIZED.value, "stage": Stage.DISPATCHED.value},
+            )
+        )
+    return events
+
+
 class Gate:
-    def __init__(self, policy: PolicyEngine, limits: Limits, approval_settings: ApprovalSettings | None = None) -> None:
+    def __init__(
+        self,
+        policy: PolicyEngine,
+        limits: Limits,
+        approval_settings: ApprovalSettings | None = None,
+        reconcile_grace_seconds: float = -1.0,
+    ) -> None:
         self.policy = policy
         self.limits = limits
         self.approval_settings = approval_settings or ApprovalSettings()
+        # Negative: each attempt's own lease length.
+        self.reconcile_grace_seconds = reconcile_grace_seconds
 
     async def authorize(
         self, unit: UnitOfWork, principal: Principal, request: AuthorizeRequest, arguments: dict[str, Any]
@@ -301,7 +378,7 @@ class Gate:
         run = await repo.get_run(connection, tenant, request.run_id)
         if run is None:
             raise NotFound("run", request.run_id)
-        effect = await repo.effect_by_key(connection, tenant, request.idempotency_key, lock=True)
+        effect = adopt_clock(unit, await repo.lock_effect_by_key(connection, tenant, request.idempotency_key))
         current = await repo.latest_contract(connection, tenant, request.tool)
         if effect is not None:
             await expire_leases(unit, tenant, effect, principal.principal_id)
@@ -352,7 +429,7 @@ class Gate:
         )
         if found is None:
             return None, verdict
-        effect = await repo.effect_by_id(unit.connection, tenant, found.effect_id, lock=False)
+        effect = await repo.effect_by_id(unit.connection, tenant, found.effect_id)
         if effect is None:
             return None, verdict
         expired_in_memory(effect, unit.now)
@@ -527,7 +604,7 @@ class Gate:
                 idempotency_key=request.idempotency_key,
                 intent_digest=digest,
                 arguments=arguments,
-                stage=Stage.AUTHORIZED,
+                stage=Stage.DISPATCHED if request.begin_dispatched else Stage.AUTHORIZED,
                 created_at=unit.now,
                 updated_at=unit.now,
             )
@@ -538,7 +615,8 @@ class Gate:
             attempt_id=attempt_id,
             effect_id=effect.effect_id,
             number=len(effect.attempts) + 1,
-            stage=Stage.AUTHORIZED,
+            stage=Stage.DISPATCHED if request.begin_dispatched else Stage.AUTHORIZED,
+            dispatched_at=unit.now if request.begin_dispatched else None,
             provider_key=lifecycle.provider_key_for_new_attempt(
                 effect.effect_id, effect.attempts, verdict.reuse_provider_key
             ),
@@ -547,6 +625,7 @@ class Gate:
             authorized_at=unit.now,
             decision_id=decision_id,
             approval_id=approval_id,
+            principal_id=principal.principal_id,
         )
         await repo.insert_attempt(unit.connection, tenant, attempt)
         effect.attempts.append(attempt)
@@ -554,26 +633,8 @@ class Gate:
         effect.updated_at = unit.now
         if not created:
             await repo.save_effect_state(unit.connection, tenant, effect)
-        unit.record_event(
-            tenant,
-            effect.run_id,
-            "effect.authorized" if created else "attempt.authorized",
-            {
-                "effect_id": effect.effect_id,
-                "attempt_id": attempt.attempt_id,
-                "attempt_number": attempt.number,
-                "decision_id": decision_id,
-                "tool": effect.tool,
-                "tool_revision": effect.tool_revision,
-                "target": effect.target,
-                "idempotency_key": effect.idempotency_key,
-                "intent_digest": effect.intent_digest,
-                "provider_key_reused": attempt.provider_key_reused,
-                "lease_expires_at": attempt.lease_expires_at.isoformat(),
-                "approval_id": approval_id,
-            },
-            principal.principal_id,
-        )
+        for event_type, payload in authorized_events(effect, attempt, created, decision_id, approval_id):
+            unit.record_event(tenant, effect.run_id, event_type, payload, principal.principal_id)
         return effect, attempt
 
     # --- reports ---------------------------------------------------------------------------
@@ -588,7 +649,7 @@ class Gate:
             )
             report = replace(report, usage=usage)
         effect, attempt = await self._locked_attempt(unit, principal, attempt_id)
-        transition = lifecycle.apply_report(attempt, report)
+        transition = lifecycle.apply_report(attempt, report, unit.now)
         event_payload = {
             "effect_id": effect.effect_id,
             "attempt_id": attempt.attempt_id,
@@ -735,6 +796,8 @@ class Gate:
             )
         if not result.applied:
             return effect
+        if receipt is None:
+            await self._wait_out_leases(unit, principal, effect, result.settled_attempts, payload)
         settled = [a for a in effect.attempts if a.attempt_id in result.settled_attempts]
         for attempt in settled:
             attempt.stage = evidence_stage
@@ -771,15 +834,49 @@ class Gate:
         )
         return effect
 
+    async def _wait_out_leases(
+        self, unit: UnitOfWork, principal: Principal, effect: Effect, settled: tuple[str, ...], payload: dict[str, Any]
+    ) -> None:
+        """Refuse "not happened" from anyone but the owner until the grace after the lease ends."""
+        grace = self.reconcile_grace_seconds
+        if grace < 0:
+            grace = await _lease_seconds(unit, principal.tenant_id, effect)
+        settle_after = lifecycle.not_happened_settles_after(effect.attempts, settled, principal.principal_id, grace)
+        if settle_after is None or settle_after <= unit.now:
+            return
+        message = (
+            f"an attempt of another principal may still be in flight: not_happened is accepted from it "
+            f"at any time, from others after {settle_after.isoformat()} (its lease end plus {grace:g} s)"
+        )
+        unit.record_event(
+            principal.tenant_id, effect.run_id, "effect.reconcile_refused",
+            {**payload, "refused_reason": "RECONCILE_TOO_EARLY", "settle_after": settle_after.isoformat()},
+            principal.principal_id,
+        )
+        raise CommitThenRaise(
+            FailedPrecondition(
+                message,
+                reason="RECONCILE_TOO_EARLY",
+                violations=[PreconditionViolation("RECONCILE_TOO_EARLY", f"effect/{effect.effect_id}", message)],
+                metadata={
+                    "effect_id": effect.effect_id,
+                    "stage": effect.stage.value,
+                    "settle_after": settle_after.isoformat(),
+                },
+            )
+        )
+
     # --- reads -----------------------------------------------------------------------------
 
     async def get_effect(self, unit: UnitOfWork, principal: Principal, effect_id: str) -> Effect:
         check_identifier(effect_id, "effect_id")
-        effect = await repo.effect_by_id(unit.connection, principal.tenant_id, effect_id, lock=False)
+        effect = await repo.effect_by_id(unit.connection, principal.tenant_id, effect_id)
         if effect is None:
             raise NotFound("effect", effect_id)
-        expired_in_memory(effect, unit.now)  # shown now; recorded by the sweeper or the next writer
-        return effect
+        shown = await record_expiries(unit, principal.tenant_id, [effect])
+        if not shown:
+            raise NotFound("effect", effect_id)
+        return shown[0]
 
     async def list_open_effects(
         self, unit: UnitOfWork, principal: Principal, run_id: str, after_effect_id: str, page_size: int
@@ -790,9 +887,7 @@ class Gate:
         found = await repo.open_effects_of_run(
             unit.connection, principal.tenant_id, run_id, after_effect_id, page_size
         )
-        for effect in found:
-            expired_in_memory(effect, unit.now)
-        return found
+        return [e for e in await record_expiries(unit, principal.tenant_id, found) if e.stage in OPEN_STAGES]
 
     async def get_decision(self, unit: UnitOfWork, principal: Principal, decision_id: str) -> Decision:
         check_identifier(decision_id, "decision_id")
@@ -870,13 +965,17 @@ def _refusal(reason: str, message: str, attempt: Attempt) -> FailedPrecondition:
         message,
         reason=reason,
         violations=[PreconditionViolation(reason, f"attempt/{attempt.attempt_id}", message)],
-        metadata={"attempt_id": attempt.attempt_id, "stage": attempt.stage.value},
+        metadata={
+            "attempt_id": attempt.attempt_id,
+            "stage": attempt.stage.value,
+            "lease_expires_at": attempt.lease_expires_at.isoformat(),
+        },
     )
 
 
 async def sweep_expired_leases(unit: UnitOfWork, tenant_id: str, effect_id: str) -> int:
     """Record lease expiries of one effect (background sweeper); returns how many expired."""
-    effect = await repo.effect_by_id(unit.connection, tenant_id, effect_id, lock=True)
+    effect = adopt_clock(unit, await repo.lock_effect_by_id(unit.connection, tenant_id, effect_id))
     if effect is None:
         return 0
     return await expire_leases(unit, tenant_id, effect, SYSTEM_SWEEPER)

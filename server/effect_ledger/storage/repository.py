@@ -10,6 +10,7 @@ import json
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -407,6 +408,7 @@ def _attempt_from_prefixed(row: Row[Any]) -> Attempt | None:
         failure_evidence=FailureEvidence(evidence) if evidence else None,
         receipt=receipt,
         approval_id=values["a_approval_id"] or "",
+        principal_id=values["a_principal_id"],
     )
 
 
@@ -486,26 +488,52 @@ async def _lock_effect(connection: AsyncConnection, name: str, column: Any, tena
     return (await connection.execute(query, {"tenant_id": tenant_id, "value": value})).scalar_one_or_none()
 
 
-async def effect_by_key(
-    connection: AsyncConnection, tenant_id: str, idempotency_key: str, *, lock: bool
-) -> Effect | None:
-    if lock:
-        effect_id = await _lock_effect(connection, "lock_effect_by_key", effects.c.idempotency_key, tenant_id, idempotency_key)
-        if effect_id is None:
-            return None  # a new idempotency key costs one round trip
-        found = await _effects_by_ids(connection, tenant_id, [effect_id])
-    else:
-        found = await _load_effects(
-            connection, and_(effects.c.tenant_id == tenant_id, effects.c.idempotency_key == idempotency_key)
-        )
-    return found[0] if found else None
+@dataclass(frozen=True)
+class LockedEffect:
+    """An effect read after its row was locked, with the database clock read in that same read:
+    every lease judgment about it in this transaction uses ``now``, a time no earlier than the
+    moment the lock was granted."""
+
+    effect: Effect
+    now: datetime
 
 
-async def effect_by_id(
-    connection: AsyncConnection, tenant_id: str, effect_id: str, *, lock: bool
-) -> Effect | None:
-    if lock and await _lock_effect(connection, "lock_effect_by_id", effects.c.effect_id, tenant_id, effect_id) is None:
+async def _read_locked(connection: AsyncConnection, tenant_id: str, effect_id: str) -> LockedEffect | None:
+    from effect_ledger.storage.engine import clock_expression, clock_value
+
+    dialect = connection.dialect.name
+    query = prepared(
+        "locked_effect_with_clock",
+        dialect,
+        lambda: _effects_with_attempts()
+        .add_columns(clock_expression(dialect))
+        .where(effects.c.tenant_id == bindparam("tenant_id"), effects.c.effect_id == bindparam("effect_id"))
+        .order_by(attempts.c.number),
+    )
+    rows = (await connection.execute(query, {"tenant_id": tenant_id, "effect_id": effect_id})).all()
+    found = _assemble(rows)
+    if not found:
         return None
+    return LockedEffect(found[0], clock_value(rows[0].database_now))
+
+
+async def lock_effect_by_key(connection: AsyncConnection, tenant_id: str, idempotency_key: str) -> LockedEffect | None:
+    """The effect bound to a key, locked ``FOR UPDATE``, and the clock read after the lock."""
+    effect_id = await _lock_effect(connection, "lock_effect_by_key", effects.c.idempotency_key, tenant_id, idempotency_key)
+    if effect_id is None:
+        return None  # a new idempotency key costs one round trip
+    return await _read_locked(connection, tenant_id, effect_id)
+
+
+async def lock_effect_by_id(connection: AsyncConnection, tenant_id: str, effect_id: str) -> LockedEffect | None:
+    """The effect, locked ``FOR UPDATE``, and the clock read after the lock."""
+    if await _lock_effect(connection, "lock_effect_by_id", effects.c.effect_id, tenant_id, effect_id) is None:
+        return None
+    return await _read_locked(connection, tenant_id, effect_id)
+
+
+async def effect_by_id(connection: AsyncConnection, tenant_id: str, effect_id: str) -> Effect | None:
+    """The effect as last committed, without a lock (for reads)."""
     found = await _effects_by_ids(connection, tenant_id, [effect_id])
     return found[0] if found else None
 
@@ -676,6 +704,7 @@ async def insert_attempt(connection: AsyncConnection, tenant_id: str, attempt: A
             authorized_at=attempt.authorized_at,
             decision_id=attempt.decision_id,
             approval_id=attempt.approval_id or None,
+            principal_id=attempt.principal_id,
             **_attempt_values(attempt),
         ),
     )

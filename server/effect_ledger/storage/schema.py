@@ -193,6 +193,8 @@ attempts = Table(
     Column("receipt_digest", String(64), nullable=True),
     Column("receipt_recorded_at", UtcDateTime, nullable=True),
     Column("approval_id", ID, nullable=True),
+    # The principal whose AuthorizeEffect created the attempt: its owner.
+    Column("principal_id", String(128), nullable=False),
     PrimaryKeyConstraint("tenant_id", "attempt_id"),
     UniqueConstraint("tenant_id", "effect_id", "number"),
     ForeignKeyConstraint(["tenant_id", "effect_id"], ["effects.tenant_id", "effects.effect_id"]),

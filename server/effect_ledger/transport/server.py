@@ -177,7 +177,7 @@ async def start_server(settings: ServerSettings, database: Database, policy: Pol
         ttl_seconds_max=settings.approval_ttl_seconds_max,
         arguments_size_max_bytes=limits.arguments_size_max_bytes,
     )
-    app = Application(database, Gate(policy, limits, approval_settings), limits)
+    app = Application(database, Gate(policy, limits, approval_settings, settings.reconcile_grace_seconds), limits)
     tools_pb2_grpc.add_ToolRegistryServicer_to_server(ToolRegistryServicer(app), server)
     approvals_pb2_grpc.add_ApprovalsServicer_to_server(ApprovalsServicer(app, approval_settings), server)
     budgets_pb2_grpc.add_BudgetsServicer_to_server(BudgetsServicer(app), server)

@@ -184,6 +184,7 @@ class GateServicer(gate_pb2_grpc.GateServicer):
             idempotency_key=request.idempotency_key,
             target=request.target,
             estimate=dict(request.estimate),
+            begin_dispatched=request.begin_dispatched,
         )
         arguments = validate_authorize(command, self.app.limits)
         result = await self.app.call(

@@ -21,7 +21,7 @@ NOT_SENT: FailureEvidence
 PROVIDER_REJECTED: FailureEvidence
 
 class AuthorizeEffectRequest(_message.Message):
-    __slots__ = ("run_id", "tool", "arguments_json", "idempotency_key", "target", "estimate")
+    __slots__ = ("run_id", "tool", "arguments_json", "idempotency_key", "target", "estimate", "begin_dispatched")
     class EstimateEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -35,13 +35,15 @@ class AuthorizeEffectRequest(_message.Message):
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     ESTIMATE_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_DISPATCHED_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     tool: str
     arguments_json: bytes
     idempotency_key: str
     target: str
     estimate: _containers.ScalarMap[str, int]
-    def __init__(self, run_id: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[bytes] = ..., idempotency_key: _Optional[str] = ..., target: _Optional[str] = ..., estimate: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    begin_dispatched: bool
+    def __init__(self, run_id: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[bytes] = ..., idempotency_key: _Optional[str] = ..., target: _Optional[str] = ..., estimate: _Optional[_Mapping[str, int]] = ..., begin_dispatched: _Optional[bool] = ...) -> None: ...
 
 class AuthorizeEffectResponse(_message.Message):
     __slots__ = ("outcome", "effect_id", "attempt_id", "provider_idempotency_key", "lease_expires_at", "intent_digest", "reasons", "decision_id", "policy_revision", "receipt", "provider_key_reused", "tool_revision", "effect_stage", "attempt_number", "approval_request_id", "approval_id", "reservation_ids")
