@@ -54,6 +54,9 @@ class ServerProcess:
     process: subprocess.Popen | None = None
     port: int = 0
     log_path: Path | None = None
+    # ``--workers``: 1 (one process, no supervisor) unless a test asks for more; None leaves the
+    # flag out, so the server picks its default (one worker per CPU).
+    workers: int | None = 1
 
     def start(self) -> ServerProcess:
         folder = Path(tempfile.mkdtemp(prefix="el-server-"))
@@ -65,6 +68,7 @@ class ServerProcess:
             "--listen", "127.0.0.1:0" if not self.port else f"127.0.0.1:{self.port}",
             "--port-file", str(port_file),
             "--grace-seconds", "1",
+            *(["--workers", str(self.workers)] if self.workers is not None else []),
             *self.extra_args,
         ]
         self.process = subprocess.Popen(

@@ -25,6 +25,7 @@ from effect_ledger.domain.model import Role
 from effect_ledger.domain.trace import first_break
 from effect_ledger.errors import InvalidArgument
 from effect_ledger.storage.engine import DatabaseSettings, create_sync, default_sqlite_url, normalize_url
+from effect_ledger.transport.workers import default_worker_count
 
 ENV_PREFIX = "EFFECT_LEDGER_"
 
@@ -78,12 +79,44 @@ def _build_policy(options: argparse.Namespace):
     return engine, reload
 
 
+def _worker_command(options: argparse.Namespace):
+    """How a supervisor starts worker ``index``: this process's own command line, then the
+    flags that make it a worker (the last occurrence of a flag wins)."""
+
+    def command(index: int, channel_fd: int) -> list[str]:
+        return [
+            sys.executable, "-m", "effect_ledger", *options.command_line,
+            "--port-file", "",  # the supervisor writes it once every worker serves
+            "--worker-index", str(index),
+            "--worker-channel-fd", str(channel_fd),
+        ]
+
+    return command
+
+
 def command_serve(options: argparse.Namespace) -> int:
     from effect_ledger.storage.engine import Database, create_async
+    from effect_ledger.transport import workers
     from effect_ledger.transport.server import serve_forever
 
+    if not 0 <= options.workers <= workers.WORKERS_MAX:
+        print(f"effect-ledger: --workers must be 0 to {workers.WORKERS_MAX}", file=sys.stderr)
+        return 2
+    worker_index = options.worker_index
+    if (worker_index is None) != (options.worker_channel_fd is None):
+        print("effect-ledger: --worker-index and --worker-channel-fd come together", file=sys.stderr)
+        return 2
     url = _database_url(options)
-    _migrate(url)
+    if worker_index is None:
+        _migrate(url)  # once per start, here: workers never migrate
+        worker_count = options.workers or workers.default_worker_count()
+        if worker_count > 1:
+            command = _worker_command(options)
+            return workers.supervise(command, worker_count, options.listen, options.port_file, options.grace_seconds)
+    else:
+        labelled = logging.Formatter(_log_format(f"[worker {worker_index} pid {os.getpid()}] "))
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(labelled)
     settings = ServerSettings(
         listen=options.listen,
         database_url=url,
@@ -106,7 +139,11 @@ def command_serve(options: argparse.Namespace) -> int:
 
     async def main() -> None:
         database = Database(create_async(DatabaseSettings(url, pool_size=settings.database_pool_size)))
-        await serve_forever(settings, database, policy, reload)
+        if worker_index is None:
+            await serve_forever(settings, database, policy, reload)
+        else:
+            channel_fd = options.worker_channel_fd
+            await workers.serve_worker(settings, database, policy, reload, worker_index, channel_fd)
 
     asyncio.run(main())
     return 0
@@ -286,7 +323,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--reconcile-grace-seconds", type=float, default=float(_env("reconcile-grace-seconds", "-1")),
         help="how long after a lease ends only its owner may settle it not_happened (default: the lease length)",
     )
-    serve.add_argument("--database-pool-size", type=int, default=int(_env("database-pool-size", "10")))
+    serve.add_argument(
+        "--database-pool-size", type=int, default=int(_env("database-pool-size", "10")),
+        help="database connections per server process: each of the --workers has a pool this size",
+    )
+    serve.add_argument(
+        "--workers", type=int, default=int(_env("workers", "0")),
+        help="server processes sharing the listening port (SO_REUSEPORT), each with its own event loop "
+        "and database pool, under one supervisor; 0 (the default): one per CPU this process may use "
+        f"({default_worker_count()} here); 1: a single process and no supervisor",
+    )
+    # Set by the supervisor on the workers it starts; not for people.
+    serve.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
+    serve.add_argument("--worker-channel-fd", type=int, default=None, help=argparse.SUPPRESS)
     serve.add_argument("--port-file", default=_env("port-file"), help="write the bound port here")
     serve.add_argument("--approval-ttl-seconds-default", type=int, default=int(_env("approval-ttl-seconds-default", "3600")))
     serve.add_argument("--approval-ttl-seconds-max", type=int, default=int(_env("approval-ttl-seconds-max", "604800")))
@@ -321,16 +370,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _log_format(label: str = "") -> str:
+    return f"%(asctime)s %(levelname)s {label}%(name)s %(message)s"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    options = parser.parse_args(argv)
+    command_line = list(sys.argv[1:] if argv is None else argv)
+    options = parser.parse_args(command_line)
     logging.basicConfig(
         level=getattr(logging, str(options.log_level).upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        format=_log_format(),
     )
     logging.getLogger("alembic").setLevel(logging.WARNING)
     if options.command is None:
         options = parser.parse_args(["serve", *(argv or [])])
+        command_line = [*command_line, "serve"]
+    # A supervisor starts its workers with the same command line (serve --workers).
+    options.command_line = command_line
     return options.handler(options)
 
 

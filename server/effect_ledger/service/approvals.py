@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from effect_ledger.domain import approvals as rules
@@ -222,6 +222,34 @@ async def list_approvals(
         found.extend(a for a in page if not state or a.effective_state(unit.now).value == state)
         cursor = page[-1].approval_id
     return found[:limit]
+
+
+@dataclass(frozen=True)
+class FeedEvent:
+    """One entry of the tenant's approval feed, with the approval as it is now."""
+
+    sequence: int
+    type: str
+    approval: Approval
+    principal_id: str
+    created_at: datetime
+
+
+async def feed_after(
+    unit: UnitOfWork, principal: Principal, after_sequence: int, *, run_id: str, tool: str, limit: int
+) -> list[FeedEvent]:
+    """The caller's tenant's approval events after the cursor, in sequence order, filtered."""
+    rows = await store.events_after(unit.connection, principal.tenant_id, after_sequence, run_id, tool, limit)
+    approvals: dict[str, Approval] = {}
+    events = []
+    for row in rows:
+        approval = approvals.get(row.approval_id)
+        if approval is None:
+            approval = await store.get(unit.connection, principal.tenant_id, row.approval_id, lock=False)
+            assert approval is not None, "an approval event names an approval of its tenant"
+            approvals[row.approval_id] = approval
+        events.append(FeedEvent(row.sequence, row.type, approval, row.principal_id, row.created_at))
+    return events
 
 
 async def usable_approval(

@@ -295,3 +295,18 @@ async def events_after(
             )
         ).all()
     )
+
+
+async def latest_sequences(connection: AsyncConnection, tenant_ids: list[str]) -> dict[str, int]:
+    """Each tenant's last approval event sequence, from its counter (a primary-key lookup):
+    every event up to it is committed, because the counter row stays locked until commit."""
+    if not tenant_ids:
+        return {}
+    rows = (
+        await connection.execute(
+            select(tenant_counters.c.tenant_id, tenant_counters.c.value).where(
+                tenant_counters.c.name == APPROVAL_SEQUENCE, tenant_counters.c.tenant_id.in_(tenant_ids)
+            )
+        )
+    ).all()
+    return {row.tenant_id: row.value for row in rows}

@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from effect_ledger.faults import crash_point
 from effect_ledger.errors import CommitOutcomeUnknown, CommitThenRaise, Conflict, LedgerError, StorageUnavailable
+from effect_ledger.storage import round_trips
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +123,10 @@ def create_async(settings: DatabaseSettings) -> AsyncEngine:
             pool_timeout=settings.pool_timeout_seconds,
         )
         _install_sqlite_events(engine.sync_engine, settings.sqlite_busy_timeout_ms)
+        if round_trips.enabled:  # the benchmark's count of database round trips per RPC
+            round_trips.install(engine.sync_engine)
         return engine
-    return create_async_engine(
+    engine = create_async_engine(
         url,
         pool_size=settings.pool_size,
         # No overflow: the pool size is the ceiling each process puts on the database.
@@ -136,6 +139,9 @@ def create_async(settings: DatabaseSettings) -> AsyncEngine:
         pool_pre_ping=False,
         connect_args=_postgres_connect_args(settings),
     )
+    if round_trips.enabled:
+        round_trips.install(engine.sync_engine)
+    return engine
 
 
 def create_sync(settings: DatabaseSettings) -> Engine:

@@ -19,6 +19,7 @@ from effect_ledger.errors import DeadlineExceeded, LedgerError
 from effect_ledger.policy.engine import PolicyEngine
 from effect_ledger.service.gate import Gate, sweep_expired_leases
 from effect_ledger.storage import repository as repo
+from effect_ledger.storage import round_trips
 from effect_ledger.storage.engine import Database, database_now
 from effect_ledger.transport import status
 from effect_ledger.transport.servicers import (
@@ -73,6 +74,9 @@ class ErrorsAndDeadlines(grpc.aio.ServerInterceptor):
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
+        if round_trips.enabled and handler is not None:
+            # This call's task (unary or streaming) runs its handler after this returns.
+            round_trips.begin_call(handler_call_details.method)
         if handler is None or handler.unary_unary is None:
             return handler
         inner = handler.unary_unary
@@ -129,6 +133,7 @@ class RunningServer:
         await self.server.stop(grace_seconds)
         await self.policy.close()
         await self.database.dispose()
+        round_trips.write()  # the benchmark's counts, when it asked for them
 
 
 async def _health_monitor(database: Database, servicer: health.aio.HealthServicer, interval: float) -> None:
@@ -161,7 +166,17 @@ async def _lease_sweeper(database: Database, interval: float, batch: int) -> Non
             log.warning("lease sweep failed: %s", error)
 
 
-async def start_server(settings: ServerSettings, database: Database, policy: PolicyEngine) -> RunningServer:
+async def start_server(
+    settings: ServerSettings,
+    database: Database,
+    policy: PolicyEngine,
+    *,
+    reuse_port: bool = False,
+    sweep_leases: bool = True,
+) -> RunningServer:
+    """Serve on ``settings.listen``. ``reuse_port``: share the port with sibling worker processes
+    (SO_REUSEPORT; off for a lone server, so a second server on a taken port fails to start).
+    ``sweep_leases``: run the lease sweeper here (one worker per host does, see workers.py)."""
     limits = settings.limits
     server = grpc.aio.server(
         interceptors=[ErrorsAndDeadlines(settings.default_deadline_seconds)],
@@ -169,7 +184,7 @@ async def start_server(settings: ServerSettings, database: Database, policy: Pol
         options=[
             ("grpc.max_receive_message_length", limits.message_size_max_bytes),
             ("grpc.max_send_message_length", limits.message_size_max_bytes),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", 1 if reuse_port else 0),
         ],
     )
     approval_settings = ApprovalSettings(
@@ -179,7 +194,8 @@ async def start_server(settings: ServerSettings, database: Database, policy: Pol
     )
     app = Application(database, Gate(policy, limits, approval_settings, settings.reconcile_grace_seconds), limits)
     tools_pb2_grpc.add_ToolRegistryServicer_to_server(ToolRegistryServicer(app), server)
-    approvals_pb2_grpc.add_ApprovalsServicer_to_server(ApprovalsServicer(app, approval_settings), server)
+    approvals_servicer = ApprovalsServicer(app, approval_settings)
+    approvals_pb2_grpc.add_ApprovalsServicer_to_server(approvals_servicer, server)
     budgets_pb2_grpc.add_BudgetsServicer_to_server(BudgetsServicer(app), server)
     checkpoints_pb2_grpc.add_CheckpointsServicer_to_server(
         CheckpointsServicer(
@@ -202,14 +218,16 @@ async def start_server(settings: ServerSettings, database: Database, policy: Pol
         raise SystemExit(f"cannot listen on {settings.listen}")
     await server.start()
     running = RunningServer(server, port, database, policy, health_servicer)
+    running.tasks.append(asyncio.create_task(approvals_servicer.feed.run()))  # wakes WatchApprovals streams
     running.tasks.append(
         asyncio.create_task(_health_monitor(database, health_servicer, settings.health_check_interval_seconds))
     )
-    running.tasks.append(
-        asyncio.create_task(
-            _lease_sweeper(database, settings.lease_sweep_interval_seconds, limits.lease_sweep_batch_max)
+    if sweep_leases:
+        running.tasks.append(
+            asyncio.create_task(
+                _lease_sweeper(database, settings.lease_sweep_interval_seconds, limits.lease_sweep_batch_max)
+            )
         )
-    )
     host = settings.listen.rsplit(":", 1)[0]
     log.info("effect-ledger serving on %s:%d", host, port)
     if settings.port_file:
@@ -223,8 +241,11 @@ async def serve_forever(settings: ServerSettings, database: Database, policy: Po
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    if reload_policy is not None:
-        loop.add_signal_handler(signal.SIGHUP, reload_policy)
+    # SIGHUP reloads the embedded policy; with a remote OPA there is nothing here to reload (OPA
+    # loads its own bundles), and the signal must not kill the process (its default action).
+    loop.add_signal_handler(
+        signal.SIGHUP, reload_policy or (lambda: log.info("SIGHUP: the policy is served by OPA; nothing to reload"))
+    )
     await stop.wait()
     log.info("shutting down (grace %.1f s)", settings.grace_seconds)
     await running.stop(settings.grace_seconds)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
 
 from effect_ledger.domain.approvals import DECIDING_ROLES
 from effect_ledger.domain.budgets import Scope
@@ -10,7 +13,7 @@ from effect_ledger.domain.model import Role
 from effect_ledger.errors import InvalidArgument, LedgerError
 from effect_ledger.service import approvals, budgets
 from effect_ledger.service.approvals import ApprovalRequest, ApprovalSettings
-from effect_ledger.storage import approval_store
+from effect_ledger.storage.notifications import FeedWakeups
 from effect_ledger.transport import mapping, status
 from effect_ledger.transport.servicers import (
     ADMINS,
@@ -25,7 +28,6 @@ from effectledger.v1 import approvals_pb2, approvals_pb2_grpc, budgets_pb2, budg
 
 DECIDERS = frozenset(DECIDING_ROLES)
 REVOKERS = frozenset({Role.REVIEWER, Role.ADMIN, Role.AGENT})
-WATCH_POLL_SECONDS = 0.2
 WATCH_BATCH_MAX = 100
 
 
@@ -33,6 +35,8 @@ class ApprovalsServicer(approvals_pb2_grpc.ApprovalsServicer):
     def __init__(self, app: Application, settings: ApprovalSettings) -> None:
         self.app = app
         self.settings = settings
+        # Wakes the WatchApprovals streams; its task (``feed.run()``) runs with the server.
+        self.feed = FeedWakeups(app.database)
 
     async def RequestApproval(self, request, context):
         command = ApprovalRequest(
@@ -90,48 +94,73 @@ class ApprovalsServicer(approvals_pb2_grpc.ApprovalsServicer):
     async def WatchApprovals(self, request, context):
         """Every approval event after the cursor, in order; then new ones as they commit.
 
-        The caller's token and role are checked again on every poll (current facts). The stream
-        ends with the caller's deadline or cancellation; resume with the last sequence received.
+        Each read authenticates the caller again (current token and role) and reads what the
+        database committed. Between reads the stream waits for a wake-up (``FeedWakeups``) and
+        does no database work. It ends with the caller's deadline or cancellation; resume with
+        the last sequence received. At most ``WATCHERS_MAX`` streams per process.
         """
         if request.after_sequence < 0:
             await context.abort_with_status(
                 status.to_status(InvalidArgument.field("after_sequence", "must not be negative"))
             )
-        cursor = request.after_sequence
-        while True:
-            try:
-                batch = await self.app.call(
-                    context, EVERY_ROLE, lambda unit, principal, after=cursor: self._batch(unit, principal, after, request)
-                )
-            except LedgerError as error:
-                await context.abort_with_status(status.to_status(error))
-            for event in batch:
-                cursor = event.sequence
-                yield event
-            if len(batch) < WATCH_BATCH_MAX:
-                await asyncio.sleep(WATCH_POLL_SECONDS)
+        with self.feed.watching(request.after_sequence) as watcher:
+            if watcher is None:
+                await context.abort_with_status(watchers_exhausted_status(self.feed.watchers_max))
+            while True:
+                announced_before = watcher.begin_read()
+                tenant_id, batch = await self._read(context, request, watcher.scanned)
+                complete = len(batch) < WATCH_BATCH_MAX
+                watcher.finish_read(tenant_id, batch[-1].sequence if batch else None, announced_before, complete)
+                for event in batch:
+                    yield event
+                if complete:
+                    await watcher.wait()
+
+    async def _read(self, context, request, cursor: int):
+        try:
+            return await self.app.call(
+                context, EVERY_ROLE, lambda unit, principal: self._batch(unit, principal, cursor, request)
+            )
+        except LedgerError as error:
+            await context.abort_with_status(status.to_status(error))
 
     async def _batch(self, unit, principal, cursor, request):
-        rows = await approval_store.events_after(
-            unit.connection, principal.tenant_id, cursor, request.run_id, request.tool, WATCH_BATCH_MAX
+        found = await approvals.feed_after(
+            unit, principal, cursor, run_id=request.run_id, tool=request.tool, limit=WATCH_BATCH_MAX
         )
-        events = []
-        cache = {}
-        for row in rows:
-            approval = cache.get(row.approval_id) or await approval_store.get(
-                unit.connection, principal.tenant_id, row.approval_id, lock=False
+        events = [
+            approvals_pb2.ApprovalEvent(
+                sequence=event.sequence,
+                type=event.type,
+                approval=mapping.approval_to_proto(event.approval, unit.now),
+                principal_id=event.principal_id,
+                created_at=mapping.timestamp(event.created_at),
             )
-            cache[row.approval_id] = approval
-            events.append(
-                approvals_pb2.ApprovalEvent(
-                    sequence=row.sequence,
-                    type=row.type,
-                    approval=mapping.approval_to_proto(approval, unit.now),
-                    principal_id=row.principal_id,
-                    created_at=mapping.timestamp(row.created_at),
-                )
-            )
-        return events
+            for event in found
+        ]
+        return principal.tenant_id, events
+
+
+def watchers_exhausted_status(watchers_max: int) -> grpc.Status:
+    """RESOURCE_EXHAUSTED with ErrorInfo and QuotaFailure: the process's streams are all taken.
+    (The error table maps domain errors of a unit of work; this refusal happens before one.)"""
+    description = f"at most {watchers_max} WatchApprovals streams are open per server process"
+    details = [
+        error_details_pb2.ErrorInfo(
+            reason="WATCHERS_EXHAUSTED", domain=status.ERROR_DOMAIN, metadata={"watchers_max": str(watchers_max)}
+        ),
+        error_details_pb2.QuotaFailure(
+            violations=[error_details_pb2.QuotaFailure.Violation(subject="WatchApprovals", description=description)]
+        ),
+    ]
+    packed = []
+    for detail in details:
+        any_detail = any_pb2.Any()
+        any_detail.Pack(detail)
+        packed.append(any_detail)
+    return rpc_status.to_status(
+        status_pb2.Status(code=code_pb2.RESOURCE_EXHAUSTED, message=description, details=packed)
+    )
 
 
 class BudgetsServicer(budgets_pb2_grpc.BudgetsServicer):
