@@ -23,6 +23,12 @@ _target, _, _nth = os.environ.get("EFFECT_LEDGER_CRASH_AT", "").partition(":")
 _remaining = int(_nth or "1")
 
 
+def armed() -> bool:
+    """True when a crash point is set (a test); a path that batches its commit with its write
+    then sends them apart, so that ``before_commit`` falls between the two."""
+    return bool(_target)
+
+
 def crash_point(point: str) -> None:
     global _remaining
     if not _target:

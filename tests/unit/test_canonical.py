@@ -340,3 +340,70 @@ def test_large_service_integers_are_written_exactly_in_canonical_order():
     text = canonical_bytes(value)
     assert text == b'{"a":-1152921504606846977,"b":[4611686018427387904,1,"x"],"c":"\\u0000plain"}'
     assert json.loads(text) == value
+
+
+# --- the standard library's encoder, where it agrees with RFC 8785 ----------------------------
+
+control_heavy_text = st.text(
+    alphabet=st.characters(exclude_categories=("Cs",)) | st.sampled_from(['"', "\\", "\u2028", "\x7f"])
+    | st.characters(max_codepoint=0x1F),
+    max_size=12,
+)
+no_float_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | control_heavy_text
+)
+ascii_keys = st.text(alphabet=st.characters(max_codepoint=0x7F), max_size=8)
+no_float_values = st.recursive(
+    no_float_scalars,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(ascii_keys, children, max_size=4),
+    max_leaves=24,
+)
+
+
+def rfc8785_reference(value) -> bytes:
+    """The ``rfc8785`` package's bytes, with the service's one extension (exact large integers)."""
+    import os
+
+    import rfc8785
+
+    from effect_ledger.domain import canonical
+
+    try:
+        return rfc8785.dumps(value)
+    except rfc8785.IntegerDomainError:
+        nonce = os.urandom(8).hex()
+        found: list[int] = []
+        text = rfc8785.dumps(canonical._mark_large_integers(value, nonce, found))
+        for number in found:
+            text = text.replace(f'"\\u0000{nonce}:{number}"'.encode(), str(number).encode())
+        return text
+
+
+@given(value=no_float_values)
+def test_the_fast_encoder_writes_exactly_what_rfc8785_writes(value):
+    assert canonical_bytes(value) == rfc8785_reference(value)
+
+
+@given(value=json_values)
+def test_values_with_floats_or_wide_keys_still_agree_with_rfc8785(value):
+    import rfc8785
+
+    try:
+        expected = rfc8785.dumps(value)
+    except rfc8785.IntegerDomainError:
+        return
+    assert canonical_bytes(value) == expected
+
+
+def test_floats_and_non_ascii_keys_take_the_rfc8785_path():
+    from effect_ledger.domain.canonical import _without_floats_or_wide_keys
+
+    assert _without_floats_or_wide_keys({"a": [1, "x", None, True, {"b": 2**64}]})
+    assert not _without_floats_or_wide_keys({"a": 1.5})
+    assert not _without_floats_or_wide_keys({"\U0001f600": 1, "\ufb01": 2})
+    # UTF-16 order puts U+1F600 (a surrogate pair, 0xD83D...) before U+FB01; code points do not.
+    assert canonical_bytes({"\U0001f600": 1, "\ufb01": 2}) == '{"\U0001f600":1,"\ufb01":2}'.encode()
+    assert canonical_bytes({"x": 1e21, "y": 0.1}) == b'{"x":1e+21,"y":0.1}'

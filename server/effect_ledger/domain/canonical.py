@@ -178,13 +178,44 @@ def _mark_large_integers(value: Any, nonce: str, found: list[int]) -> Any:
     return value
 
 
+def _without_floats_or_wide_keys(value: Any) -> bool:
+    """True when the standard library writes ``value`` exactly as RFC 8785 does: no float
+    anywhere (JCS writes numbers as ECMAScript does), only ASCII object keys (JCS sorts keys by
+    UTF-16 code units, Python by code points; for ASCII the orders agree), and nothing but
+    dicts, lists, strings, integers, booleans and null. String escaping agrees: both escape
+    ``"``, ``\\`` and the control characters below U+0020, with the short forms \\b \\t \\n \\f
+    \\r and otherwise \\u00xx in lower-case hex, and nothing else (``ensure_ascii=False``)."""
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is str or kind is int or kind is bool or item is None:
+            continue
+        if kind is dict:
+            for key in item:
+                if type(key) is not str or not key.isascii():
+                    return False
+            stack.extend(item.values())
+        elif kind is list:
+            stack.extend(item)
+        else:
+            return False
+    return True
+
+
 def canonical_bytes(value: Any) -> bytes:
     """RFC 8785 (JCS) canonical form of a value accepted by parse_json or built by the service.
 
     One extension: an integer beyond +-(2**53 - 1), which JCS cannot express, is written as its
     exact decimal literal. Client JSON never holds one (parse_json turns it into a double or
     refuses it); only the service's own 64-bit amounts (budgets, usage) can.
+
+    Values without floats and with ASCII keys (nearly all: ids, stages, amounts) are written by
+    the standard library's C encoder, which gives the same bytes (see the property test in
+    tests/unit/test_canonical.py); anything else goes through the ``rfc8785`` package.
     """
+    if _without_floats_or_wide_keys(value):
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     try:
         return rfc8785.dumps(value)
     except rfc8785.IntegerDomainError:

@@ -64,10 +64,10 @@ class EmbeddedRegoEngine:
     async def revision(self) -> str:
         return self._revision
 
-    async def evaluate(self, policy_input: dict[str, Any]) -> PolicyDecision:
+    async def evaluate(self, policy_input: dict[str, Any], input_json: bytes | None = None) -> PolicyDecision:
         engine, revision = self._engine, self._revision
         try:
-            engine.set_input_json(json.dumps(policy_input))
+            engine.set_input_json(input_json.decode("utf-8") if input_json is not None else json.dumps(policy_input))
             value = engine.eval_rule(QUERY)
         except Exception as error:  # noqa: BLE001 - any engine fault fails closed
             if str(error).startswith("not a valid rule path"):

@@ -39,8 +39,11 @@ class PolicyDecision:
 class PolicyEngine(Protocol):
     name: str
 
-    async def evaluate(self, policy_input: dict[str, Any]) -> PolicyDecision:
-        """Evaluate the gate decision; raise PolicyUnavailable (never return ALLOW) on any fault."""
+    async def evaluate(self, policy_input: dict[str, Any], input_json: bytes | None = None) -> PolicyDecision:
+        """Evaluate the gate decision; raise PolicyUnavailable (never return ALLOW) on any fault.
+
+        ``input_json``: the input already serialized (the canonical bytes the decision record
+        keeps), so an engine that takes JSON text need not serialize it again."""
         ...
 
     async def revision(self) -> str:

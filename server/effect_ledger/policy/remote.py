@@ -87,7 +87,7 @@ class RemoteOpaEngine:
             self._revision_at = time.monotonic()
         return self._revision
 
-    async def evaluate(self, policy_input: dict[str, Any]) -> PolicyDecision:
+    async def evaluate(self, policy_input: dict[str, Any], input_json: bytes | None = None) -> PolicyDecision:
         revision = await self.revision()
         try:
             response = await asyncio.wait_for(

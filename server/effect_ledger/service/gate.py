@@ -312,12 +312,12 @@ class Gate:
             unit.connection, principal.tenant_id, facts.run.run_id, facts.run.root_run_id, unit.now
         )
         policy_input = await self._policy_input(unit, principal, request, arguments, facts, estimate, applicable)
-        policy_decision = await self.policy.evaluate(policy_input)
+        input_bytes = canonical_bytes(policy_input)  # the engine and the decision record get the same bytes
+        policy_decision = await self.policy.evaluate(policy_input, input_bytes)
         outcome, reasons = combine(
             facts.verdict, policy_decision.outcome, policy_decision.reasons, facts.current, facts.pinned,
             run_refusals(facts),
         )
-        input_bytes = canonical_bytes(policy_input)
         decision = Decision(
             decision_id=repo.new_id("dec"),
             run_id=facts.run.run_id,

@@ -244,6 +244,25 @@ def classify(error: Exception) -> LedgerError | None:
     return None
 
 
+_IDLE = 0  # psycopg.pq.TransactionStatus.IDLE
+
+
+def classify_driver(error: Exception) -> LedgerError | None:
+    """``classify`` for errors psycopg raises itself (the driver path, without SQLAlchemy)."""
+    import psycopg
+
+    if isinstance(error, PoolTimeoutError):
+        return StorageUnavailable("no database connection became free in time")
+    if not isinstance(error, psycopg.Error):
+        return classify(error)
+    state = error.sqlstate
+    if state in RETRYABLE_SQLSTATES:
+        return Conflict(f"concurrent update (SQLSTATE {state})")
+    if isinstance(error, psycopg.OperationalError) or (state is not None and state[:2] in {"08", "57", "53"}):
+        return StorageUnavailable(f"the database is unavailable (SQLSTATE {state})")
+    return None
+
+
 class Database:
     """Runs units of work: one transaction each, retried from the start when a race is lost."""
 
@@ -308,6 +327,53 @@ class Database:
             if pending is not None:
                 raise pending.error  # committed: never retried
             return result
+        assert last is not None
+        raise last
+
+    async def run_driver(self, work: Callable[[Any], Awaitable[T]]) -> T:
+        """PostgreSQL only: run ``work`` with the pooled psycopg connection itself (no ORM).
+
+        ``work`` begins and commits its own transaction (see ``storage/gate_store.py``); when
+        it raises, the transaction is rolled back. A race lost (serialization failure, deadlock,
+        unique violation, or ``Conflict``) runs it again, as ``run`` does; a connection that
+        broke while its commit was in flight answers ``CommitOutcomeUnknown``.
+        """
+        last: LedgerError | None = None
+        for _ in range(UNIT_OF_WORK_ATTEMPTS_MAX):
+            try:
+                async with self.engine.connect() as connection:
+                    driver = (await connection.get_raw_connection()).driver_connection
+                    # The work sends BEGIN and COMMIT itself, inside its query strings.
+                    await driver.set_autocommit(True)
+                    try:
+                        result = await work(driver)
+                        if driver.info.transaction_status != _IDLE:  # it read and wrote nothing
+                            await driver.execute("ROLLBACK")
+                            round_trips.note()
+                        return result
+                    except BaseException:
+                        if driver.broken:
+                            await connection.invalidate()
+                        elif driver.info.transaction_status != _IDLE:
+                            with contextlib.suppress(Exception):
+                                await driver.execute("ROLLBACK")
+                        raise
+                    finally:
+                        if not driver.broken:
+                            await driver.set_autocommit(False)
+            except Conflict as conflict:
+                last = conflict
+                continue
+            except LedgerError:
+                raise
+            except Exception as error:  # noqa: BLE001 - classified below, re-raised otherwise
+                mapped = classify_driver(error)
+                if mapped is None:
+                    raise
+                if isinstance(mapped, Conflict):
+                    last = mapped
+                    continue
+                raise mapped from error
         assert last is not None
         raise last
 

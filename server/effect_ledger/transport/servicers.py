@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import hashlib
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 
@@ -15,7 +15,7 @@ from effect_ledger.domain.contracts import check_text
 from effect_ledger.domain.lifecycle import Report, ReportKind
 from effect_ledger.domain.model import Principal, Role
 from effect_ledger.errors import InvalidArgument, PermissionDenied, Unauthenticated
-from effect_ledger.service import runs, tools
+from effect_ledger.service import authorize_fast, reports_fast, runs, tools
 from effect_ledger.service.gate import AuthorizeRequest, Gate, parse_receipt, validate_authorize
 from effect_ledger.storage import repository as repo
 from effect_ledger.storage.engine import Database, UnitOfWork
@@ -76,6 +76,16 @@ class Application:
             return await work(unit, principal)
 
         return await self.database.run(authenticated, read_clock=False)
+
+    async def call_driver(
+        self,
+        context: grpc.aio.ServicerContext,
+        work: Callable[[Any, str], Awaitable[T]],
+    ) -> T:
+        """Run ``work`` on the database driver's own connection (PostgreSQL's fast paths),
+        with the caller's token hash: the work authenticates in its first round trip."""
+        hashed = token_hash(bearer_token(context))
+        return await self.database.run_driver(lambda driver: work(driver, hashed))
 
     def page_size(self, requested: int, default: int, maximum: int) -> int:
         if requested < 0 or requested > maximum:
@@ -187,23 +197,55 @@ class GateServicer(gate_pb2_grpc.GateServicer):
             begin_dispatched=request.begin_dispatched,
         )
         arguments = validate_authorize(command, self.app.limits)
+        if self.app.database.dialect == "postgresql":
+            try:
+                result = await self.app.call_driver(
+                    context,
+                    lambda driver, hashed: authorize_fast.authorize(self.gate, driver, hashed, AGENTS, command, arguments),
+                )
+                return mapping.authorize_response(result)
+            except authorize_fast.Fallback:
+                pass  # nothing was written: the general path decides
         result = await self.app.call(
             context, AGENTS, lambda unit, principal: self.gate.authorize(unit, principal, command, arguments)
         )
         return mapping.authorize_response(result)
 
+    async def _fast_report(self, context, attempt_id: str, make_report: Callable[[Any], Report]) -> Any:
+        """PostgreSQL's two-round-trip report; None when the general path must decide."""
+        if self.app.database.dialect != "postgresql":
+            return None
+        try:
+            return await self.app.call_driver(
+                context,
+                lambda driver, hashed: reports_fast.report(self.gate, driver, hashed, AGENTS, attempt_id, make_report),
+            )
+        except authorize_fast.Fallback:
+            return None  # nothing was written
+
     async def RecordDispatch(self, request, context):
-        result = await self.app.call(
-            context,
-            AGENTS,
-            lambda unit, principal: self.gate.report(unit, principal, request.attempt_id, Report(ReportKind.DISPATCHED)),
-        )
+        report = Report(ReportKind.DISPATCHED)
+        result = await self._fast_report(context, request.attempt_id, lambda now: report)
+        if result is None:
+            result = await self.app.call(
+                context, AGENTS, lambda unit, principal: self.gate.report(unit, principal, request.attempt_id, report)
+            )
         return mapping.attempt_response(result)
 
     async def RenewLease(self, request, context):
-        result = await self.app.call(
-            context, AGENTS, lambda unit, principal: self.gate.renew_lease(unit, principal, request.attempt_id)
-        )
+        result = None
+        if self.app.database.dialect == "postgresql":
+            try:
+                result = await self.app.call_driver(
+                    context,
+                    lambda driver, hashed: reports_fast.renew_lease(self.gate, driver, hashed, AGENTS, request.attempt_id),
+                )
+            except authorize_fast.Fallback:
+                result = None
+        if result is None:
+            result = await self.app.call(
+                context, AGENTS, lambda unit, principal: self.gate.renew_lease(unit, principal, request.attempt_id)
+            )
         return mapping.attempt_response(result)
 
     async def RecordOutcome(self, request, context):
@@ -211,12 +253,16 @@ class GateServicer(gate_pb2_grpc.GateServicer):
         if which is None:
             raise InvalidArgument.field("outcome", "one of succeeded, failed, unknown is required", reason="FIELD_REQUIRED")
 
+        result = await self._fast_report(context, request.attempt_id, lambda now: self._report(request, which, now))
+        if result is not None:
+            return mapping.attempt_response(result)
+
         async def work(unit: UnitOfWork, principal: Principal):
-            return await self.gate.report(unit, principal, request.attempt_id, self._report(request, which, unit))
+            return await self.gate.report(unit, principal, request.attempt_id, self._report(request, which, unit.now))
 
         return mapping.attempt_response(await self.app.call(context, AGENTS, work))
 
-    def _report(self, request, which: str, unit: UnitOfWork) -> Report:
+    def _report(self, request, which: str, now: Any) -> Report:
         if which == "succeeded":
             if not request.succeeded.HasField("receipt"):
                 raise InvalidArgument.field("succeeded.receipt", "is required", reason="FIELD_REQUIRED")
@@ -224,7 +270,7 @@ class GateServicer(gate_pb2_grpc.GateServicer):
             return Report(
                 ReportKind.SUCCEEDED,
                 receipt=parse_receipt(
-                    receipt.provider_reference, receipt.detail_json, unit.now, self.app.limits, "succeeded.receipt"
+                    receipt.provider_reference, receipt.detail_json, now, self.app.limits, "succeeded.receipt"
                 ),
                 usage=dict(request.succeeded.usage) or None,
             )
@@ -240,9 +286,11 @@ class GateServicer(gate_pb2_grpc.GateServicer):
 
     async def ReleaseAttempt(self, request, context):
         report = Report(ReportKind.RELEASED, reason=request.reason)
-        result = await self.app.call(
-            context, AGENTS, lambda unit, principal: self.gate.report(unit, principal, request.attempt_id, report)
-        )
+        result = await self._fast_report(context, request.attempt_id, lambda now: report)
+        if result is None:
+            result = await self.app.call(
+                context, AGENTS, lambda unit, principal: self.gate.report(unit, principal, request.attempt_id, report)
+            )
         return mapping.attempt_response(result)
 
     async def ReconcileEffect(self, request, context):
