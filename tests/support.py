@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from effect_ledger.cli import _migrate, add_principal, set_roles
 from effect_ledger.client import LedgerClient
-from effect_ledger.storage.engine import normalize_url
+from effect_ledger.storage.dialect import normalize_url
 
 REPO = Path(__file__).resolve().parents[1]
 PG_ADMIN_URL = os.environ.get("EFFECT_LEDGER_TEST_PG_URL", "postgresql://root@127.0.0.1:5432/postgres")

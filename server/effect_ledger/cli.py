@@ -24,7 +24,8 @@ from effect_ledger.domain.contracts import check_identifier
 from effect_ledger.domain.model import Role
 from effect_ledger.domain.trace import first_break
 from effect_ledger.errors import InvalidArgument
-from effect_ledger.storage.engine import DatabaseSettings, create_sync, default_sqlite_url, normalize_url
+from effect_ledger.storage.dialect import normalize_url
+from effect_ledger.storage.engine import DatabaseSettings, create_sync, default_sqlite_url
 from effect_ledger.transport.workers import default_worker_count
 
 ENV_PREFIX = "EFFECT_LEDGER_"

@@ -29,7 +29,7 @@ from support import (
     succeeded,
 )
 
-from effect_ledger.storage.engine import normalize_url
+from effect_ledger.storage.dialect import normalize_url
 from effectledger.v1 import common_pb2, gate_pb2, runs_pb2
 
 LOCK_BEFORE_LEASE_END_SECONDS = 0.25

@@ -38,7 +38,7 @@ from grpc_health.v1 import health_pb2
 from support import ServerProcess, Tenant, contract, migrate, new_tenant, psycopg_url
 
 from effect_ledger import errors
-from effect_ledger.storage.engine import normalize_url
+from effect_ledger.storage.dialect import normalize_url
 from effectledger.v1 import budgets_pb2, common_pb2, gate_pb2, runs_pb2
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.postgres]

@@ -24,15 +24,9 @@ from effect_ledger.domain.lifecycle import VerdictKind
 from effect_ledger.domain.model import Attempt, Decision, Effect, Outcome, Principal, Reason, Role, Stage
 from effect_ledger.domain.policy_input import build_policy_input
 from effect_ledger.errors import InvalidArgument, NotFound, PermissionDenied, Unauthenticated
-from effect_ledger.service.gate import (
-    AuthorizeRequest,
-    AuthorizeResult,
-    Gate,
-    IntentFacts,
-    authorized_events,
-    combine,
-    run_refusals,
-)
+from effect_ledger.domain.gate_rules import IntentFacts, authorized_events, combine, run_refusals
+from effect_ledger.service.authorize import AuthorizeRequest, AuthorizeResult
+from effect_ledger.service.gate import Gate
 from effect_ledger.storage import gate_store
 from effect_ledger.storage import repository as repo
 

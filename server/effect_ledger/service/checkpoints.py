@@ -16,7 +16,7 @@ from effect_ledger.domain.model import OPEN_STAGES, Effect, Principal, Stage
 from effect_ledger.domain.trace import timestamp_text
 from effect_ledger.errors import FailedPrecondition, InvalidArgument, NotFound, PreconditionViolation
 from effect_ledger.policy.engine import PolicyEngine
-from effect_ledger.service.gate import expired_in_memory
+from effect_ledger.domain.gate_rules import expired_in_memory
 from effect_ledger.storage import approval_store, budget_store
 from effect_ledger.storage import checkpoint_store as store
 from effect_ledger.storage import repository as repo

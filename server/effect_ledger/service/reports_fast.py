@@ -20,12 +20,14 @@ from typing import Any
 from effect_ledger.domain import budgets as budget_rules
 from effect_ledger.domain import lifecycle
 from effect_ledger.domain.budgets import ReservationState
-from effect_ledger.domain.lifecycle import Report, ReportKind
+from effect_ledger.domain.lifecycle import Report
 from effect_ledger.domain.model import OPEN_STAGES, Attempt, Effect, Principal, Role, Stage, ToolContract
 from effect_ledger.domain.contracts import check_identifier
 from effect_ledger.errors import NotFound
 from effect_ledger.service.authorize_fast import Fallback, authenticated
-from effect_ledger.service.gate import AttemptResult, Gate, _receipt_fact, _refusal
+from effect_ledger.domain.gate_rules import receipt_fact
+from effect_ledger.service.attempts import AttemptResult, attempt_refusal
+from effect_ledger.service.gate import Gate
 from effect_ledger.storage import gate_store
 
 
@@ -93,7 +95,7 @@ async def report(
         "report": report.kind.value,
         "reason": report.reason,
         "failure_evidence": report.failure_evidence.value if report.failure_evidence else None,
-        "receipt": _receipt_fact(report.receipt),
+        "receipt": receipt_fact(report.receipt),
         "stage_before": attempt.stage.value,
     }
     plan = _plan(facts)
@@ -102,7 +104,7 @@ async def report(
             _event(facts, "attempt.report_refused", {**payload, "refused_reason": transition.refused_reason})
         ]
         await gate_store.apply(connection, plan, b"")
-        raise _refusal(transition.refused_reason, transition.refused_message, attempt)
+        raise attempt_refusal(transition.refused_reason, transition.refused_message, attempt)
     if not transition.applied:
         if report.kind.value != attempt.stage.value:
             plan["events"] = [_event(facts, "attempt.report_superseded", payload)]
@@ -171,9 +173,9 @@ async def renew_lease(
     facts = await _facts(connection, token_hash, roles, attempt_id)
     attempt = facts.attempt
     if attempt.stage == Stage.UNKNOWN:
-        raise _refusal("LEASE_EXPIRED", "the lease ran out; the attempt is UNKNOWN now", attempt)
+        raise attempt_refusal("LEASE_EXPIRED", "the lease ran out; the attempt is UNKNOWN now", attempt)
     if attempt.stage not in (Stage.AUTHORIZED, Stage.DISPATCHED):
-        raise _refusal("ATTEMPT_NOT_OPEN", f"the attempt is {attempt.stage.value}", attempt)
+        raise attempt_refusal("ATTEMPT_NOT_OPEN", f"the attempt is {attempt.stage.value}", attempt)
     assert facts.pinned is not None, "an effect's pinned contract revision is never deleted"
     attempt.lease_expires_at = lifecycle.lease_until(facts.now, facts.pinned.lease_seconds)
     plan = _plan(facts)

@@ -15,6 +15,7 @@ from effect_ledger.domain.approvals import Approval, ApprovalState, Vote
 from effect_ledger.domain.canonical import canonical_bytes
 from effect_ledger.domain.model import Role
 from effect_ledger.storage.statements import prepared
+from effect_ledger.storage.dialect import insert_ignoring_conflict, is_postgresql
 from effect_ledger.storage.schema import (
     approval_events,
     approval_votes,
@@ -122,7 +123,7 @@ async def lock_intent(connection: AsyncConnection, tenant_id: str, run_id: str, 
     after it started): PostgreSQL takes a transaction-scoped advisory lock on the intent;
     SQLite's BEGIN IMMEDIATE already serializes writers.
     """
-    if connection.dialect.name != "postgresql":
+    if not is_postgresql(connection):
         return
     name = "\0".join(("approval-intent", tenant_id, run_id, intent_digest)).encode()
     key = int.from_bytes(hashlib.sha256(name).digest()[:8], "big", signed=True)
@@ -246,11 +247,10 @@ async def next_sequence(connection: AsyncConnection, tenant_id: str, name: str) 
     ).scalar_one_or_none()
     if updated is not None:
         return updated
-    from effect_ledger.storage.repository import _insert_ignoring_conflict
 
     inserted = (
         await connection.execute(
-            _insert_ignoring_conflict(connection, tenant_counters)
+            insert_ignoring_conflict(connection, tenant_counters)
             .values(tenant_id=tenant_id, name=name, value=1)
             .on_conflict_do_nothing(index_elements=["tenant_id", "name"])
             .returning(tenant_counters.c.value)

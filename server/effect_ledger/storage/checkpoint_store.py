@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from effect_ledger.domain.canonical import canonical_bytes
 from effect_ledger.domain.checkpoints import ArtifactClass, ArtifactRef, ArtifactStatus, Facts
 from effect_ledger.domain.model import Stage
-from effect_ledger.storage.repository import _insert_ignoring_conflict
+from effect_ledger.storage.dialect import insert_ignoring_conflict
 from effect_ledger.storage.statements import prepared
 from effect_ledger.storage.schema import (
     artifacts,
@@ -194,7 +194,7 @@ async def put_artifact(
     status: ArtifactStatus, location: str, content: bytes | None, now: datetime,
 ) -> None:
     statement = (
-        _insert_ignoring_conflict(connection, artifacts)
+        insert_ignoring_conflict(connection, artifacts)
         .values(
             tenant_id=tenant_id, digest=digest, size_bytes=size_bytes, media_type=media_type, status=status.value,
             location=location, content=content, created_at=now, updated_at=now,
@@ -234,7 +234,7 @@ OPEN = [Stage.AUTHORIZED.value, Stage.DISPATCHED.value, Stage.UNKNOWN.value]
 async def add_obligations(connection: AsyncConnection, tenant_id: str, run_id: str, effect_ids: list[str], checkpoint_id: str, now: datetime) -> None:
     for effect_id in effect_ids:
         await connection.execute(
-            _insert_ignoring_conflict(connection, resume_obligations)
+            insert_ignoring_conflict(connection, resume_obligations)
             .values(tenant_id=tenant_id, run_id=run_id, effect_id=effect_id, checkpoint_id=checkpoint_id, created_at=now)
             .on_conflict_do_nothing(index_elements=["tenant_id", "run_id", "effect_id"])
         )

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import create_engine, event, func, select, text
+from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
@@ -25,6 +25,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from effect_ledger.faults import crash_point
 from effect_ledger.errors import CommitOutcomeUnknown, CommitThenRaise, Conflict, LedgerError, StorageUnavailable
 from effect_ledger.storage import round_trips
+from effect_ledger.storage.dialect import database_now, is_sqlite, normalize_url
+from effect_ledger.storage.trace_store import append_events
 
 log = logging.getLogger(__name__)
 
@@ -49,19 +51,6 @@ class DatabaseSettings:
     lock_timeout_ms: int = 3000
     # SQLite: how long a writer waits for the file lock held by another writer.
     sqlite_busy_timeout_ms: int = 5000
-
-
-def normalize_url(url: str) -> str:
-    """Accept ``postgresql://`` and ``postgres://`` as psycopg 3; keep SQLite URLs as they are."""
-    if url.startswith("postgres://"):
-        url = "postgresql://" + url[len("postgres://") :]
-    if url.startswith("postgresql://"):
-        url = "postgresql+psycopg://" + url[len("postgresql://") :]
-    return url
-
-
-def is_sqlite(url: str) -> bool:
-    return make_url(normalize_url(url)).get_backend_name() == "sqlite"
 
 
 def _ensure_sqlite_folder(url: str) -> None:
@@ -183,36 +172,13 @@ class UnitOfWork:
 
     async def flush_events_for(self, tenant_id: str, run_id: str) -> int:
         """Append this run's pending events now; returns the run's new head revision."""
-        from effect_ledger.storage.repository import append_events
-
         pending = self.events.pop((tenant_id, run_id), [])
         return await append_events(self.connection, tenant_id, run_id, pending, self.now)
 
     async def flush_events(self) -> None:
-        from effect_ledger.storage.repository import append_events
-
         for (tenant_id, run_id), pending in sorted(self.events.items()):
             await append_events(self.connection, tenant_id, run_id, pending, self.now)
         self.events.clear()
-
-
-def clock_expression(dialect_name: str) -> Any:
-    """The database clock as a column expression, to read it within another query."""
-    if dialect_name == "postgresql":
-        return func.clock_timestamp().label("database_now")
-    return func.strftime("%Y-%m-%d %H:%M:%f", "now").label("database_now")
-
-
-def clock_value(value: Any) -> datetime:
-    if isinstance(value, datetime):
-        return value.astimezone(timezone.utc)
-    return datetime.strptime(value, "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=timezone.utc)
-
-
-async def database_now(connection: AsyncConnection) -> datetime:
-    """The database's clock: leases and expiries are judged by it, never by a replica's clock."""
-    value = (await connection.execute(select(clock_expression(connection.dialect.name)))).scalar_one()
-    return clock_value(value)
 
 
 def _sqlstate(error: DBAPIError) -> str | None:

@@ -15,7 +15,6 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import and_, bindparam, func, insert, literal, select, union_all, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -37,7 +36,7 @@ from effect_ledger.domain.model import (
     Stage,
     ToolContract,
 )
-from effect_ledger.domain.trace import event_hash
+from effect_ledger.storage.dialect import clock_expression, clock_value, insert_ignoring_conflict
 from effect_ledger.storage.statements import prepared
 from effect_ledger.storage.schema import (
     attempts,
@@ -65,8 +64,6 @@ def _canonical_text(value: Any) -> str:
 async def authenticate(connection: AsyncConnection, token_hash: str) -> tuple[Principal | None, datetime | None]:
     """The principal holding the token, read under current facts (roles as they are now),
     and the database clock, in one round trip."""
-    from effect_ledger.storage.engine import clock_expression, clock_value
-
     dialect = connection.dialect.name
     query = prepared(
         "authenticate",
@@ -297,83 +294,6 @@ async def list_events(
     return [_event(row) for row in rows]
 
 
-async def append_events(
-    connection: AsyncConnection,
-    tenant_id: str,
-    run_id: str,
-    pending: Sequence[tuple[str, dict[str, Any], str]],
-    now: datetime,
-) -> int:
-    """Append events to a run's trace in this transaction; returns the new head revision.
-
-    The run row is locked (``FOR NO KEY UPDATE``) so revisions increase by exactly one and each
-    event carries the hash of the one before it, whatever other replicas do concurrently. Not
-    ``FOR UPDATE``: every row this transaction inserted with a foreign key to the run (effect,
-    decision, approval) already holds ``FOR KEY SHARE`` on it, and ``FOR UPDATE`` conflicts with
-    the other writers' key-share locks, so concurrent writers of one run deadlocked here.
-    ``FOR NO KEY UPDATE`` still excludes every other appender.
-    """
-    lock_head = prepared(
-        "lock_run_head",
-        "",
-        lambda: select(runs.c.revision, runs.c.head_hash)
-        .where(runs.c.tenant_id == bindparam("tenant_id"), runs.c.run_id == bindparam("run_id"))
-        .with_for_update(key_share=True),
-    )
-    head = (await connection.execute(lock_head, {"tenant_id": tenant_id, "run_id": run_id})).one()
-    revision, prev_hash = head.revision, head.head_hash
-    rows = []
-    for event_type, payload, principal_id in pending:
-        revision += 1
-        digest = event_hash(
-            prev_hash=prev_hash,
-            tenant_id=tenant_id,
-            run_id=run_id,
-            revision=revision,
-            event_type=event_type,
-            payload=payload,
-            principal_id=principal_id,
-            created_at=now,
-        )
-        rows.append(
-            {
-                "tenant_id": tenant_id,
-                "run_id": run_id,
-                "revision": revision,
-                "type": event_type,
-                "payload": _canonical_text(payload),
-                "principal_id": principal_id,
-                "created_at": now,
-                "prev_hash": prev_hash,
-                "hash": digest,
-            }
-        )
-        prev_hash = digest
-    head = {"where_tenant_id": tenant_id, "where_run_id": run_id, "new_revision": revision, "new_head_hash": prev_hash}
-    if connection.dialect.name == "postgresql" and len(rows) == 1:
-        # One round trip: the event and the new head in one statement (a data-modifying CTE).
-        event = {f"event_{name}": value for name, value in rows[0].items()}
-        await connection.execute(prepared("append_one_event", "postgresql", _append_one_event), {**head, **event})
-    else:
-        await connection.execute(prepared("insert_events", "", lambda: insert(run_events)), rows)
-        await connection.execute(prepared("move_run_head", "", _move_run_head), head)
-    return revision
-
-
-def _move_run_head() -> Any:
-    return (
-        update(runs)
-        .where(runs.c.tenant_id == bindparam("where_tenant_id"), runs.c.run_id == bindparam("where_run_id"))
-        .values(revision=bindparam("new_revision"), head_hash=bindparam("new_head_hash"))
-    )
-
-
-def _append_one_event() -> Any:
-    values = {column.name: bindparam(f"event_{column.name}", type_=column.type) for column in run_events.c}
-    appended = insert(run_events).values(values).cte("appended")
-    return _move_run_head().add_cte(appended)
-
-
 # --- effects and attempts ------------------------------------------------------------------
 
 _ATTEMPT_COLUMNS = [c.label(f"a_{c.name}") for c in attempts.c if c.name != "tenant_id"]
@@ -499,8 +419,6 @@ class LockedEffect:
 
 
 async def _read_locked(connection: AsyncConnection, tenant_id: str, effect_id: str) -> LockedEffect | None:
-    from effect_ledger.storage.engine import clock_expression, clock_value
-
     dialect = connection.dialect.name
     query = prepared(
         "locked_effect_with_clock",
@@ -640,11 +558,6 @@ async def effects_for_policy(
     return open_summaries, unknown
 
 
-def _insert_ignoring_conflict(connection: AsyncConnection, table: Any) -> Any:
-    dialect = postgresql if connection.dialect.name == "postgresql" else sqlite
-    return dialect.insert(table)
-
-
 async def insert_effect_if_absent(connection: AsyncConnection, tenant_id: str, effect: Effect) -> bool:
     """Insert the effect unless its (tenant, idempotency key) is taken; True when inserted.
 
@@ -652,7 +565,7 @@ async def insert_effect_if_absent(connection: AsyncConnection, tenant_id: str, e
     loser sees no row returned and the unit of work is run again, now finding the effect.
     """
     statement = (
-        _insert_ignoring_conflict(connection, effects)
+        insert_ignoring_conflict(connection, effects)
         .values(
             tenant_id=tenant_id,
             effect_id=effect.effect_id,

@@ -22,7 +22,8 @@ from effect_ledger.domain.model import (
     ToolContract,
 )
 from effect_ledger.errors import InvalidArgument
-from effect_ledger.service.gate import AttemptResult, AuthorizeResult
+from effect_ledger.service.attempts import AttemptResult
+from effect_ledger.service.authorize import AuthorizeResult
 from effectledger.v1 import common_pb2, gate_pb2, runs_pb2, tools_pb2
 
 SCHEMA_SIZE_MAX_BYTES = 64 * 1024

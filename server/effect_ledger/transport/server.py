@@ -17,10 +17,12 @@ from effect_ledger import faults
 from effect_ledger.config import ServerSettings
 from effect_ledger.errors import DeadlineExceeded, LedgerError
 from effect_ledger.policy.engine import PolicyEngine
-from effect_ledger.service.gate import Gate, sweep_expired_leases
+from effect_ledger.service.gate import Gate
+from effect_ledger.service.leases import sweep_expired_leases
 from effect_ledger.storage import repository as repo
 from effect_ledger.storage import round_trips
-from effect_ledger.storage.engine import Database, database_now
+from effect_ledger.storage.dialect import database_now
+from effect_ledger.storage.engine import Database
 from effect_ledger.transport import status
 from effect_ledger.transport.servicers import (
     Application,

@@ -16,7 +16,9 @@ from effect_ledger.domain.lifecycle import Report, ReportKind
 from effect_ledger.domain.model import Principal, Role
 from effect_ledger.errors import InvalidArgument, PermissionDenied, Unauthenticated
 from effect_ledger.service import authorize_fast, reports_fast, runs, tools
-from effect_ledger.service.gate import AuthorizeRequest, Gate, parse_receipt, validate_authorize
+from effect_ledger.service.attempts import parse_receipt
+from effect_ledger.service.authorize import AuthorizeRequest, validate_authorize
+from effect_ledger.service.gate import Gate
 from effect_ledger.storage import repository as repo
 from effect_ledger.storage.engine import Database, UnitOfWork
 from effect_ledger.transport import mapping

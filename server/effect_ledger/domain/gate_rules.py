@@ -1,0 +1,149 @@
+"""The gate's pure rules: how the ledger's verdict and policy's answer combine, what a run
+forbids whatever policy says, what a lease's end does to an attempt, and the trace events of an
+ALLOW. No I/O: the service layer reads the facts and writes what these decide."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from effect_ledger.domain import lifecycle
+from effect_ledger.domain.approvals import Intent
+from effect_ledger.domain.lifecycle import LedgerVerdict, VerdictKind
+from effect_ledger.domain.model import (
+    Attempt,
+    Effect,
+    EffectClass,
+    Outcome,
+    Reason,
+    Receipt,
+    Run,
+    Stage,
+    ToolContract,
+)
+
+@dataclass(frozen=True)
+class IntentFacts:
+    run: Run
+    effect: Effect | None
+    current: ToolContract | None
+    pinned: ToolContract | None
+    revision: int
+    digest: str
+    verdict: LedgerVerdict
+    intent: Intent
+    # Effects open at a resume of the run that are still open (the gate refuses new effects).
+    obligations: tuple[str, ...] = ()
+
+def receipt_fact(receipt: Receipt | None) -> dict[str, Any] | None:
+    if receipt is None:
+        return None
+    return {"provider_reference": receipt.provider_reference, "digest": receipt.digest}
+
+def expired_in_memory(effect: Effect, now: Any) -> list[tuple[Attempt, Stage]]:
+    """Turn attempts whose lease ran out UNKNOWN (in memory); returns (attempt, stage before)."""
+    changed = []
+    for attempt in effect.attempts:
+        if lifecycle.lease_expired(attempt, now):
+            changed.append((attempt, attempt.stage))
+            attempt.outcome_reason = f"lease expired while {attempt.stage.value}; the effect may have happened"
+            attempt.stage = Stage.UNKNOWN
+    if changed:
+        effect.stage = lifecycle.effect_stage(effect.attempts)
+        effect.updated_at = now
+    return changed
+
+def authorized_events(
+    effect: Effect, attempt: Attempt, created: bool, decision_id: str, approval_id: str
+) -> list[tuple[str, dict[str, Any]]]:
+    """The trace events of an ALLOW: the authorization, and the dispatch when it began with it."""
+    events: list[tuple[str, dict[str, Any]]] = [
+        (
+            "effect.authorized" if created else "attempt.authorized",
+            {
+                "effect_id": effect.effect_id,
+                "attempt_id": attempt.attempt_id,
+                "attempt_number": attempt.number,
+                "decision_id": decision_id,
+                "tool": effect.tool,
+                "tool_revision": effect.tool_revision,
+                "target": effect.target,
+                "idempotency_key": effect.idempotency_key,
+                "intent_digest": effect.intent_digest,
+                "provider_key_reused": attempt.provider_key_reused,
+                "lease_expires_at": attempt.lease_expires_at.isoformat(),
+                "approval_id": approval_id,
+            },
+        )
+    ]
+    if attempt.stage == Stage.DISPATCHED:
+        events.append(
+            (
+                "attempt.dispatched",
+                {"effect_id": effect.effect_id, "attempt_id": attempt.attempt_id, "report": "DISPATCHED",
+                 "reason": "begin_dispatched", "failure_evidence": None, "receipt": None,
+                 "stage_before": Stage.AUTHORIZED.value, "stage": Stage.DISPATCHED.value},
+            )
+        )
+    return events
+
+def combine(
+    verdict: LedgerVerdict,
+    policy_outcome: Outcome,
+    policy_reasons: tuple[Reason, ...],
+    current: ToolContract | None,
+    pinned: ToolContract | None,
+    run_refusals: tuple[Reason, ...] = (),
+) -> tuple[Outcome, tuple[Reason, ...]]:
+    """The final answer from the ledger's verdict and the policy's decision.
+
+    Policy can only narrow: the ledger's own answers (DUPLICATE, RECONCILE_REQUIRED, the retry
+    limit) stand whatever policy says, and an ALLOW needs a live contract and a run that may
+    take it (``run_refusals``: its world, its reconciliation after a resume), whatever policy says.
+    """
+    if not verdict.kind.creates_attempt:
+        ledger_outcome = {
+            VerdictKind.DUPLICATE: Outcome.DUPLICATE,
+            VerdictKind.RECONCILE_REQUIRED: Outcome.RECONCILE_REQUIRED,
+            VerdictKind.RETRY_LIMIT_EXCEEDED: Outcome.DENY,
+        }[verdict.kind]
+        extra = policy_reasons if policy_outcome != Outcome.ALLOW else ()
+        return ledger_outcome, verdict.reasons + extra
+    binding: list[Reason] = []
+    if current is None:
+        binding.append(Reason("TOOL_UNKNOWN", "no contract is registered for this tool"))
+    elif current.retired:
+        binding.append(Reason("TOOL_RETIRED", "the tool is retired and can never be authorized"))
+    elif pinned is None:
+        binding.append(Reason("CONTRACT_MISSING", "the effect's pinned contract revision is missing"))
+    binding.extend(run_refusals)
+    if binding:
+        policy_extra = tuple(r for r in policy_reasons if r not in binding)
+        return Outcome.DENY, tuple(binding) + policy_extra
+    if policy_outcome == Outcome.ALLOW:
+        return Outcome.ALLOW, verdict.reasons + policy_reasons
+    return policy_outcome, policy_reasons
+
+def run_refusals(facts: IntentFacts) -> tuple[Reason, ...]:
+    """What the run itself forbids, checked by the service whatever policy says."""
+    refusals = []
+    contract = facts.pinned or facts.current
+    if contract is not None:
+        if facts.run.world == "SIMULATED" and not contract.simulator:
+            refusals.append(Reason("LIVE_TOOL_IN_SIMULATED_WORLD", "a simulated run's effects never reach a live tool"))
+        if facts.run.world == "LIVE" and contract.simulator:
+            refusals.append(Reason("SIMULATOR_IN_LIVE_WORLD", "a simulator tool cannot act for a live run"))
+    if facts.obligations and contract is not None and contract.effect_class != EffectClass.READ_ONLY:
+        own_retry = (
+            facts.effect is not None
+            and facts.effect.effect_id in facts.obligations
+            and facts.verdict.reuse_provider_key
+        )
+        if not own_retry:
+            refusals.append(
+                Reason(
+                    "RECONCILE_AFTER_RESUME",
+                    "reconcile the effects open at the resume first: " + ", ".join(facts.obligations[:10]),
+                )
+            )
+    return tuple(refusals)
