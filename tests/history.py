@@ -48,6 +48,7 @@ EDGES: dict[str, frozenset[str]] = {
 # Operation functions.
 AUTHORIZE, DISPATCH, OUTCOME, RELEASE, RECONCILE = "authorize", "dispatch", "outcome", "release", "reconcile"
 READ, BUDGET_READ = "read", "budget_read"
+RENEW = "renew"  # RenewLease: a heartbeat; its answer shows the attempt's stage
 WRITES = frozenset({AUTHORIZE, DISPATCH, OUTCOME, RELEASE, RECONCILE})
 
 
@@ -535,6 +536,13 @@ class RecordingClient:
             receipt=request.receipt.provider_reference if happened else "",
         )
         return self._call(invoke, self.gate.ReconcileEffect, request, _effect_fields, wait_for_ready, timeout)
+
+    def renew_lease(
+        self, attempt_id: str, *, wait_for_ready: bool = False, timeout: float | None = None, **tag: str
+    ) -> Result:
+        invoke = self._invoke(RENEW, tag, attempt_id=attempt_id)
+        request = gate_pb2.RenewLeaseRequest(attempt_id=attempt_id)
+        return self._call(invoke, self.gate.RenewLease, request, _attempt_fields, wait_for_ready, timeout)
 
     def get_effect(
         self, effect_id: str, *, wait_for_ready: bool = False, timeout: float | None = None, **tag: str
@@ -1102,7 +1110,7 @@ def observed_stages(history: History | Iterable[Op], final: Final | None = None)
         shown: dict[str, str] = {}
         if call.f == AUTHORIZE and answer.outcome == "ALLOW" and answer.attempt_id:
             shown[answer.attempt_id] = "AUTHORIZED"  # a new attempt is created AUTHORIZED
-        elif call.f in (DISPATCH, OUTCOME, RELEASE) and answer.stage:
+        elif call.f in (DISPATCH, OUTCOME, RELEASE, RENEW) and answer.stage:
             shown[call.invoke.attempt_id] = answer.stage
         elif call.f in (RECONCILE, READ):
             shown.update(answer.value.get("attempts", {}))
@@ -1145,6 +1153,123 @@ def check_stage_transitions(observations: Mapping[str, Sequence[Observation]]) -
     return violations
 
 
+# Refusals that are the service's word that the attempt is UNKNOWN, and recorded so: a lease
+# judged run out when the call held the effect's lock.
+EXPIRY_REFUSALS = frozenset({"LEASE_EXPIRED"})
+REVIVED_STAGES = frozenset({"AUTHORIZED", "DISPATCHED"})
+
+
+def _shown_unknown(history: History | Iterable[Op], final: Final | None) -> dict[str, list[Observation]]:
+    """attempt id -> the answers that showed it UNKNOWN: acknowledged answers (reads, lists,
+    reports, reconciliations) and refusals whose reason says its lease ran out."""
+    shown: dict[str, list[Observation]] = defaultdict(list)
+    for attempt_id, observations in observed_stages(history, final).items():
+        shown[attempt_id] += [o for o in observations if o.stage == "UNKNOWN" and o.end != INF]
+    for call in calls_of(history):
+        if call.type != "fail" or call.answer.value.get("reason") not in EXPIRY_REFUSALS:
+            continue
+        metadata = call.answer.value.get("metadata") or {}
+        attempt_id = metadata.get("attempt_id") or call.invoke.attempt_id
+        if attempt_id and metadata.get("stage", "UNKNOWN") == "UNKNOWN":
+            shown[attempt_id].append(Observation("UNKNOWN", call.start, call.end, call.ops))
+    return shown
+
+
+def _lease_restarts(index: _Index) -> dict[str, list[Call]]:
+    """attempt id -> acknowledged calls that started a new lease on it: a dispatch that moved it
+    to DISPATCHED (an echo restarts nothing) and a renewal."""
+    restarts: dict[str, list[Call]] = defaultdict(list)
+    for call in index.calls:
+        if not call.ok:
+            continue
+        answer = call.answer
+        if call.f == DISPATCH and answer.stage == "DISPATCHED" and answer.value.get("changed", True):
+            restarts[call.invoke.attempt_id].append(call)
+        elif call.f == RENEW and answer.stage in REVIVED_STAGES:
+            restarts[call.invoke.attempt_id].append(call)
+    return restarts
+
+
+def check_unknown_never_revived(
+    history: History | Iterable[Op],
+    final: Final | None = None,
+    leases: Mapping[str, float] | None = None,
+    tolerance_seconds: float = 0.05,
+) -> list[Violation]:
+    """Once an answer showed an attempt UNKNOWN, no later call shows it AUTHORIZED or DISPATCHED.
+
+    UNKNOWN means "it may have happened; ask the provider, then reconcile": a reconciler acts on
+    it. An attempt that comes back DISPATCHED afterwards is being sent by a runtime while a
+    reconciler may settle it not_happened, and the next attempt sends it again.
+
+    "Showed UNKNOWN": the ``ok`` answer of any call that names the attempt's stage (a read, a
+    list, a report, a reconciliation), or a definite refusal whose reason says the lease ran out
+    (``EXPIRY_REFUSALS``, the attempt named in its metadata). "Later": invoked after that answer
+    (``Call.precedes``), or the final read. AuthorizeEffect answers name only the effect's stage,
+    so they count only for the attempt an ALLOW creates (AUTHORIZED).
+
+    With ``leases`` (tool -> lease seconds) the rule also covers a call concurrent with the
+    UNKNOWN answer that started a new lease (a dispatch answered DISPATCHED, a renewal): ordered
+    after the answer it revived the attempt; ordered before it, its lease (which started no
+    earlier than the call was invoked) had to run out before the answer was given. So the answer
+    must come at least a lease after the call's invoke (``Op.time``, less ``tolerance_seconds``
+    for the clocks), unless a report of UNKNOWN (not refused, invoked before the answer) explains
+    it without a lease running out.
+    """
+    index = _Index(history)
+    unknown = _shown_unknown(history, final)
+    observed = observed_stages(history, final)
+    restarts = _lease_restarts(index) if leases else {}
+    reported_unknown: dict[str, float] = {}
+    for call in index.calls:
+        if call.f == OUTCOME and call.invoke.outcome == "UNKNOWN" and call.type != "fail":
+            attempt_id = call.invoke.attempt_id
+            reported_unknown[attempt_id] = min(reported_unknown.get(attempt_id, INF), call.start)
+    violations = []
+    for attempt_id, shown in unknown.items():
+        if not shown:
+            continue
+        first = min(shown, key=lambda o: o.end)
+        revived = next(
+            (o for o in observed.get(attempt_id, []) if o.stage in REVIVED_STAGES and first.end < o.start), None
+        )
+        if revived is not None:
+            where = "the final read" if revived.start == INF else "a later answer"
+            violations.append(
+                Violation(
+                    "unknown_never_revived",
+                    f"attempt {attempt_id} was shown UNKNOWN, then {where} showed it {revived.stage}",
+                    first.ops + revived.ops,
+                )
+            )
+            continue
+        for restart in restarts.get(attempt_id, []):
+            allow = index.allow_of.get(attempt_id)
+            tool = restart.invoke.tool or (allow.invoke.tool if allow is not None else "")
+            lease = (leases or {}).get(tool)
+            if lease is None:
+                continue
+            early = [
+                o for o in shown
+                if o.ops
+                and o.end < reported_unknown.get(attempt_id, INF)
+                and o.ops[-1].time < restart.invoke.time + lease - tolerance_seconds
+            ]
+            if early:
+                answer = early[0]
+                violations.append(
+                    Violation(
+                        "unknown_never_revived",
+                        f"attempt {attempt_id} was shown UNKNOWN {answer.ops[-1].time - restart.invoke.time:.3f} s "
+                        f"after a {restart.f} that started a {lease:g} s lease was invoked, and that {restart.f} "
+                        f"was answered {restart.answer.stage}",
+                        answer.ops + restart.ops,
+                    )
+                )
+                break
+    return violations
+
+
 def check_all(
     history: History | Iterable[Op],
     *,
@@ -1152,7 +1277,10 @@ def check_all(
     final: Final | None = None,
     budget_limits: Mapping[str, int] | None = None,
     tenant: str | None = None,
+    leases: Mapping[str, float] | None = None,
 ) -> list[Violation]:
+    """Every check; ``leases`` (tool -> lease seconds) lets ``check_unknown_never_revived`` judge
+    lease restarts concurrent with an UNKNOWN answer too."""
     ops = list(history.ops if isinstance(history, History) else history)
     violations = [
         *check_no_allow_after_success(ops),
@@ -1161,6 +1289,7 @@ def check_all(
         *check_receipts(ops, final),
         *check_budget_samples(ops),
         *check_stage_transitions(observed_stages(ops, final)),
+        *check_unknown_never_revived(ops, final, leases),
     ]
     if final is not None:
         violations += check_final_attempts(final, contracts, ops)

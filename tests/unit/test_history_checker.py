@@ -13,6 +13,7 @@ from history import (
     READ,
     RECONCILE,
     RELEASE,
+    RENEW,
     FinalAttempt,
     FinalEffect,
     History,
@@ -29,6 +30,7 @@ from history import (
     check_receipts,
     check_single_live_attempt,
     check_stage_transitions,
+    check_unknown_never_revived,
     classify_status,
     observed_stages,
 )
@@ -567,3 +569,150 @@ def test_concurrent_observations_are_not_ordered():
 def test_a_commit_whose_outcome_is_unknown_is_indeterminate():
     assert classify_status(grpc.StatusCode.UNAVAILABLE, True, "COMMIT_OUTCOME_UNKNOWN") == "info"
     assert classify_status(grpc.StatusCode.UNAVAILABLE, True, "STORAGE_UNAVAILABLE") == "fail"
+
+
+# --- an attempt shown UNKNOWN is never revived ----------------------------------------------
+
+
+def lease_expired_refusal(s: Script, f: str, attempt: str, process: str = "p1"):
+    """A dispatch or renewal refused because the lease had run out (the attempt is UNKNOWN)."""
+    invoke = s.begin(f, process, attempt_id=attempt, outcome="DISPATCHED" if f == DISPATCH else "")
+    return invoke, s.fail(
+        invoke,
+        error="FAILED_PRECONDITION LEASE_EXPIRED: the lease ran out",
+        value={"code": "FAILED_PRECONDITION", "reason": "LEASE_EXPIRED",
+               "metadata": {"attempt_id": attempt, "stage": "UNKNOWN"}},
+    )
+
+
+def test_a_dispatch_that_revives_an_attempt_a_read_showed_unknown_is_reported():
+    # The chaos run's double send: a read after the lease's end shows UNKNOWN, a reconciler acts
+    # on it, and then the dispatch that waited for the lock is answered DISPATCHED.
+    s = Script()
+    s.allow("k", "a1", "e1")
+    read = s.read("e1", "UNKNOWN", {"a1": "UNKNOWN"}, key="k")
+    revived = s.dispatch("a1", process="p2")
+    v = only(check_unknown_never_revived(s.h), "unknown_never_revived")
+    assert v.indices == indices(read, revived)
+    assert "a1" in v.message and "DISPATCHED" in v.message
+    assert "unknown_never_revived" in [x.property for x in check_all(s.h, contracts=CONTRACTS)]
+
+
+def test_a_list_that_shows_an_attempt_authorized_after_a_report_showed_it_unknown_is_reported():
+    s = Script()
+    s.allow("k", "a1", "e1")
+    unknown = s.outcome("a1", "UNKNOWN")
+    listed_invoke = s.begin(READ, "reconciler", value={"run_id": "r1"})
+    listed = (listed_invoke, s.ok(listed_invoke, value={"run_id": "r1", "effects": {"e1": "AUTHORIZED"},
+                                                        "attempts": {"a1": "AUTHORIZED", "b1": "UNKNOWN"}}))
+    v = only(check_unknown_never_revived(s.h), "unknown_never_revived")
+    assert v.indices == indices(unknown, listed)
+
+
+def test_a_lease_expired_refusal_counts_as_shown_unknown():
+    s = Script()
+    s.allow("k", "a1", "e1")
+    refused = lease_expired_refusal(s, DISPATCH, "a1")
+    renewed_invoke = s.begin(RENEW, "p2", attempt_id="a1")
+    renewed = (renewed_invoke, s.ok(renewed_invoke, stage="DISPATCHED"))
+    v = only(check_unknown_never_revived(s.h), "unknown_never_revived")
+    assert v.indices == indices(refused, renewed)
+    # Another refusal names no stage: it shows nothing.
+    t = Script()
+    t.allow("k", "a1", "e1")
+    other = t.begin(DISPATCH, attempt_id="a1", outcome="DISPATCHED")
+    t.fail(other, error="FAILED_PRECONDITION ATTEMPT_RELEASED",
+           value={"code": "FAILED_PRECONDITION", "reason": "ATTEMPT_RELEASED", "metadata": {"attempt_id": "a1"}})
+    t.dispatch("a1", process="p2")
+    assert check_unknown_never_revived(t.h) == []
+
+
+def test_the_final_read_cannot_revive_an_unknown_attempt():
+    s = Script()
+    s.allow("k", "a1", "e1")
+    read = s.read("e1", "UNKNOWN", {"a1": "UNKNOWN"}, key="k")
+    revived = final(effect("e1", "k", "DISPATCHED", attempt("a1", 1, "DISPATCHED")))
+    v = only(check_unknown_never_revived(s.h, revived), "unknown_never_revived")
+    assert v.indices == indices(read) and "final read" in v.message
+    settled = final(effect("e1", "k", "FAILED", attempt("a1", 1, "FAILED")))
+    assert check_unknown_never_revived(s.h, settled) == []
+
+
+def test_unknown_then_settled_and_answers_concurrent_with_the_unknown_one_are_legal():
+    s = Script()
+    s.allow("k", "a1", "e1")
+    # A dispatch in flight while a read shows UNKNOWN may have taken effect first: not ordered.
+    dispatch = s.begin(DISPATCH, "p1", attempt_id="a1", outcome="DISPATCHED")
+    s.read("e1", "UNKNOWN", {"a1": "UNKNOWN"}, key="k")
+    s.ok(dispatch, stage="DISPATCHED")
+    # A dispatch invoked later but never answered shows nothing.
+    s.dispatch("a1", process="p3", result="info")
+    # The reconciler settles it; a new attempt of the key is AUTHORIZED, not a revival.
+    s.reconcile("e1", False, {"a1": "FAILED"}, key="k", process="reconciler")
+    s.allow("k", "a2", "e1", process="p2")
+    s.dispatch("a2", process="p2")
+    s.read("e1", "DISPATCHED", {"a1": "FAILED", "a2": "DISPATCHED"}, key="k")
+    s.outcome("a2", "SUCCEEDED", receipt="r2", process="p2")
+    read = final(effect("e1", "k", "SUCCEEDED", attempt("a1", 1, "FAILED"), attempt("a2", 2, "SUCCEEDED", "r2"),
+                        receipt="r2"))
+    assert check_unknown_never_revived(s.h, read) == []
+    assert check_all(s.h, contracts=CONTRACTS, final=read) == []
+
+
+def test_the_clean_history_shows_no_revival():
+    s, read = clean_history()
+    assert check_unknown_never_revived(s.h, read) == []
+
+
+def at(pair, invoked: float, answered: float):
+    """Set the real times (seconds) of a call's invoke and completion."""
+    pair[0].time, pair[1].time = invoked, answered
+    return pair
+
+
+def test_a_lease_restart_concurrent_with_an_unknown_answer_is_reported_when_leases_are_known():
+    # The chaos run's history: the dispatch waits for the lock across the lease's end; a read
+    # shows UNKNOWN meanwhile; the dispatch is then answered DISPATCHED. Either order is wrong:
+    # after the read it revived the attempt, before it its new lease (2 s) could not have run out.
+    s = Script()
+    at(s.allow("k", "a1", "e1"), 0.0, 0.05)
+    dispatch_invoke = s.begin(DISPATCH, "p1", attempt_id="a1", outcome="DISPATCHED")
+    read = at(s.read("e1", "UNKNOWN", {"a1": "UNKNOWN"}, key="k"), 1.98, 2.04)
+    dispatch = at((dispatch_invoke, s.ok(dispatch_invoke, stage="DISPATCHED", value={"changed": True})), 1.96, 2.10)
+    leases = {MAIL: 2.0}
+    assert check_unknown_never_revived(s.h) == []  # real-time order alone allows it
+    v = only(check_unknown_never_revived(s.h, leases=leases), "unknown_never_revived")
+    assert v.indices == indices(read, dispatch)
+    assert "dispatch" in v.message and "DISPATCHED" in v.message
+    assert [x.property for x in check_all(s.h, contracts=CONTRACTS, leases=leases)] == ["unknown_never_revived"]
+
+
+def test_a_renewal_counts_as_a_lease_restart_and_an_echo_does_not():
+    s = Script()
+    at(s.allow("k", "a1", "e1"), 0.0, 0.05)
+    at(s.dispatch("a1"), 0.1, 0.15)
+    renew_invoke = s.begin(RENEW, "p1", attempt_id="a1")
+    renewed = at((renew_invoke, s.ok(renew_invoke, stage="DISPATCHED")), 2.0, 2.05)
+    refused = at(lease_expired_refusal(s, RENEW, "a1", process="p2"), 2.5, 2.55)
+    v = only(check_unknown_never_revived(s.h, leases={MAIL: 2.0}), "unknown_never_revived")
+    assert v.indices == indices(refused, renewed)
+    t = Script()
+    at(t.allow("k", "a1", "e1"), 0.0, 0.05)
+    at(t.dispatch("a1", changed=False), 1.9, 1.95)  # an echo: no new lease
+    at(t.read("e1", "UNKNOWN", {"a1": "UNKNOWN"}, key="k"), 2.0, 2.05)
+    assert check_unknown_never_revived(t.h, leases={MAIL: 2.0}) == []
+
+
+def test_unknown_a_lease_after_the_restart_or_reported_unknown_is_legal():
+    s = Script()
+    at(s.allow("k", "a1", "e1"), 0.0, 0.05)
+    at(s.dispatch("a1"), 0.1, 0.15)
+    at(s.read("e1", "UNKNOWN", {"a1": "UNKNOWN"}, key="k"), 2.1, 2.15)  # the lease ran out: fine
+    assert check_unknown_never_revived(s.h, leases={MAIL: 2.0}) == []
+    t = Script()
+    at(t.allow("k", "a1", "e1"), 0.0, 0.05)
+    at(t.dispatch("a1"), 0.1, 0.15)
+    at(t.outcome("a1", "UNKNOWN", result="info"), 0.2, 0.25)  # the runtime said so (maybe)
+    at(t.read("e1", "UNKNOWN", {"a1": "UNKNOWN"}, key="k"), 0.3, 0.35)
+    assert check_unknown_never_revived(t.h, leases={MAIL: 2.0}) == []
+    assert check_unknown_never_revived(t.h, leases={CHARGE: 2.0}) == []  # no lease known for the tool
