@@ -61,13 +61,20 @@ BEGIN
     IF NOT FOUND THEN
         RETURN jsonb_build_object('principal', to_jsonb(v_principal) - 'token_hash', 'run', NULL);
     END IF;
-    -- The effect bound to the key: locked first, then read (a statement of its own, so the read
-    -- sees everything the previous holder committed), then the clock: a lease is judged by a
-    -- time no earlier than the moment the lock was granted.
-    SELECT effect_id INTO v_effect_id FROM effects
-        WHERE tenant_id = v_principal.tenant_id AND idempotency_key = p_key FOR UPDATE;
-    IF v_effect_id IS NOT NULL THEN
-        SELECT * INTO v_effect FROM effects WHERE tenant_id = v_principal.tenant_id AND effect_id = v_effect_id;
+    -- A SUCCEEDED effect never changes its answer (DUPLICATE): read without a lock, so that
+    -- retries of a settled key do not queue on its row.
+    SELECT * INTO v_effect FROM effects WHERE tenant_id = v_principal.tenant_id AND idempotency_key = p_key;
+    IF FOUND AND v_effect.stage = 'SUCCEEDED' THEN
+        v_effect_id := v_effect.effect_id;
+    ELSE
+        -- The effect bound to the key: locked first, then read (a statement of its own, so the
+        -- read sees everything the previous holder committed), then the clock: a lease is judged
+        -- by a time no earlier than the moment the lock was granted.
+        SELECT effect_id INTO v_effect_id FROM effects
+            WHERE tenant_id = v_principal.tenant_id AND idempotency_key = p_key FOR UPDATE;
+        IF v_effect_id IS NOT NULL THEN
+            SELECT * INTO v_effect FROM effects WHERE tenant_id = v_principal.tenant_id AND effect_id = v_effect_id;
+        END IF;
     END IF;
     v_now := clock_timestamp();
     RETURN jsonb_build_object(
@@ -259,7 +266,7 @@ BEGIN
         PERFORM el_insert_decision(p->'decision', p_input);
     END IF;
     IF jsonb_array_length(COALESCE(p->'events', '[]'::jsonb)) > 0 THEN
-        -- The run row last; FOR NO KEY UPDATE, as every appender (see repository.append_events).
+        -- The run row last; FOR NO KEY UPDATE, as every appender (see trace_store.append_events).
         SELECT revision, head_hash INTO v_revision, v_hash FROM runs
             WHERE tenant_id = v_tenant AND run_id = v_run FOR NO KEY UPDATE;
         FOR v_item IN SELECT * FROM jsonb_array_elements(p->'events') LOOP

@@ -1,0 +1,33 @@
+"""settled keys read without a lock
+
+Revision ID: 0007
+Revises: 0006
+PostgreSQL only: el_authorize_facts reads a SUCCEEDED effect without locking its row (its
+answer, DUPLICATE, cannot change), so retries of a settled key do not queue on one row. The
+functions are created again from effect_ledger/storage/gate_store.py (CREATE OR REPLACE).
+
+"""
+from typing import Sequence, Union
+
+from alembic import op
+
+
+# revision identifiers, used by Alembic.
+revision: str = '0007'
+down_revision: Union[str, Sequence[str], None] = '0006'
+branch_labels: Union[str, Sequence[str], None] = None
+depends_on: Union[str, Sequence[str], None] = None
+
+
+def upgrade() -> None:
+    """Upgrade schema."""
+    if op.get_bind().dialect.name != "postgresql":
+        return
+    from effect_ledger.storage import gate_store
+
+    for text in gate_store.CREATE_FUNCTIONS:
+        op.execute(text)
+
+
+def downgrade() -> None:
+    """Downgrade schema: the functions stay (0006 created them; their text is the code's)."""
