@@ -81,6 +81,19 @@ def attempt_refusal(reason: str, message: str, attempt: Attempt) -> FailedPrecon
         },
     )
 
+def report_payload(effect: Effect, attempt: Attempt, report: Report) -> dict[str, Any]:
+    """What a report's trace event says, whatever becomes of it (applied, an echo, refused)."""
+    return {
+        "effect_id": effect.effect_id,
+        "attempt_id": attempt.attempt_id,
+        "report": report.kind.value,
+        "reason": report.reason,
+        "failure_evidence": report.failure_evidence.value if report.failure_evidence else None,
+        "receipt": receipt_fact(report.receipt),
+        "stage_before": attempt.stage.value,
+    }
+
+
 class AttemptReports:
     """Gate's reports, reconciliation and reads (a part of ``Gate``)."""
 
@@ -98,15 +111,7 @@ class AttemptReports:
             report = replace(report, usage=usage)
         effect, attempt = await self._locked_attempt(unit, principal, attempt_id)
         transition = lifecycle.apply_report(attempt, report, unit.now)
-        event_payload = {
-            "effect_id": effect.effect_id,
-            "attempt_id": attempt.attempt_id,
-            "report": report.kind.value,
-            "reason": report.reason,
-            "failure_evidence": report.failure_evidence.value if report.failure_evidence else None,
-            "receipt": receipt_fact(report.receipt),
-            "stage_before": attempt.stage.value,
-        }
+        event_payload = report_payload(effect, attempt, report)
         if transition.refused:
             unit.record_event(
                 tenant, effect.run_id, "attempt.report_refused",

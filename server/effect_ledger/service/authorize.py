@@ -106,6 +106,82 @@ def validate_authorize(request: AuthorizeRequest, limits: Limits) -> dict[str, A
         request.arguments_json, field="arguments_json", size_max_bytes=limits.arguments_size_max_bytes
     )
 
+def policy_input_of(
+    now: Any,
+    principal: Principal,
+    request: AuthorizeRequest,
+    arguments: dict[str, Any],
+    facts: IntentFacts,
+    estimate: dict[str, int],
+    applicable: list[Budget],
+    run_open: list[dict[str, Any]],
+    on_target: list[dict[str, Any]],
+    approval_facts: list[dict[str, Any]],
+    limits: Limits,
+) -> dict[str, Any]:
+    """The policy input from facts read from the ledger (by either path)."""
+    effect = facts.effect
+    return build_policy_input(
+        now=now,
+        principal=principal,
+        run=facts.run,
+        tool=request.tool,
+        target=request.target,
+        idempotency_key=request.idempotency_key,
+        arguments=arguments,
+        intent_digest=facts.digest,
+        contract=facts.current,
+        pinned_contract=facts.pinned if effect is not None else None,
+        effect=effect,
+        verdict=facts.verdict,
+        run_open_effects=run_open,
+        run_open_effects_limit=limits.run_open_effects_in_policy_max,
+        target_unknown_effects=[
+            item for item in on_target if effect is None or item["effect_id"] != effect.effect_id
+        ][: limits.target_unknown_effects_in_policy_max],
+        estimate=estimate,
+        budgets=[budget.as_policy_fact(estimate.get(budget.dimension, 0)) for budget in applicable],
+        approvals=approval_facts,
+        pending_reconciliation=facts.obligations,
+    )
+
+
+async def decide(
+    policy: PolicyEngine,
+    principal: Principal,
+    request: AuthorizeRequest,
+    facts: IntentFacts,
+    policy_input: dict[str, Any],
+    now: Any,
+) -> tuple[Decision, PolicyDecision]:
+    """Evaluate policy on the input (the engine and the decision record get the same bytes) and
+    combine its answer with the ledger's verdict into the decision to record."""
+    input_bytes = canonical_bytes(policy_input)
+    policy_decision = await policy.evaluate(policy_input, input_bytes)
+    outcome, reasons = combine(
+        facts.verdict, policy_decision.outcome, policy_decision.reasons, facts.current, facts.pinned,
+        run_refusals(facts),
+    )
+    decision = Decision(
+        decision_id=repo.new_id("dec"),
+        run_id=facts.run.run_id,
+        effect_id=facts.effect.effect_id if facts.effect is not None else None,
+        attempt_id=None,
+        outcome=outcome,
+        reasons=reasons,
+        policy_revision=policy_decision.revision,
+        engine=policy_decision.engine,
+        input_digest=sha256_hex(input_bytes),
+        input_json=input_bytes,
+        intent_digest=facts.digest,
+        idempotency_key=request.idempotency_key,
+        principal_id=principal.principal_id,
+        tool=request.tool,
+        created_at=now,
+    )
+    return decision, policy_decision
+
+
 class Authorizer:
     """Gate's AuthorizeEffect (a part of ``Gate``)."""
 
@@ -126,29 +202,8 @@ class Authorizer:
             unit.connection, principal.tenant_id, facts.run.run_id, facts.run.root_run_id, unit.now
         )
         policy_input = await self._policy_input(unit, principal, request, arguments, facts, estimate, applicable)
-        input_bytes = canonical_bytes(policy_input)  # the engine and the decision record get the same bytes
-        policy_decision = await self.policy.evaluate(policy_input, input_bytes)
-        outcome, reasons = combine(
-            facts.verdict, policy_decision.outcome, policy_decision.reasons, facts.current, facts.pinned,
-            run_refusals(facts),
-        )
-        decision = Decision(
-            decision_id=repo.new_id("dec"),
-            run_id=facts.run.run_id,
-            effect_id=facts.effect.effect_id if facts.effect is not None else None,
-            attempt_id=None,
-            outcome=outcome,
-            reasons=reasons,
-            policy_revision=policy_decision.revision,
-            engine=policy_decision.engine,
-            input_digest=sha256_hex(input_bytes),
-            input_json=input_bytes,
-            intent_digest=facts.digest,
-            idempotency_key=request.idempotency_key,
-            principal_id=principal.principal_id,
-            tool=request.tool,
-            created_at=unit.now,
-        )
+        decision, policy_decision = await decide(self.policy, principal, request, facts, policy_input, unit.now)
+        outcome = decision.outcome
         admitted = Admission(facts.effect, None, "", (), "")
         if outcome == Outcome.ALLOW:
             admitted = await self._admit(
@@ -266,33 +321,13 @@ class Authorizer:
         estimate: dict[str, int],
         applicable: list[Budget],
     ) -> dict[str, Any]:
-        effect = facts.effect
         run_open, on_target = await repo.effects_for_policy(
             unit.connection, principal.tenant_id, facts.run.run_id, request.tool, request.target,
             self.limits.run_open_effects_in_policy_max, self.limits.target_unknown_effects_in_policy_max + 1,
         )
-        return build_policy_input(
-            now=unit.now,
-            principal=principal,
-            run=facts.run,
-            tool=request.tool,
-            target=request.target,
-            idempotency_key=request.idempotency_key,
-            arguments=arguments,
-            intent_digest=facts.digest,
-            contract=facts.current,
-            pinned_contract=facts.pinned if effect is not None else None,
-            effect=effect,
-            verdict=facts.verdict,
-            run_open_effects=run_open,
-            run_open_effects_limit=self.limits.run_open_effects_in_policy_max,
-            target_unknown_effects=[
-                item for item in on_target if effect is None or item["effect_id"] != effect.effect_id
-            ][: self.limits.target_unknown_effects_in_policy_max],
-            estimate=estimate,
-            budgets=[budget.as_policy_fact(estimate.get(budget.dimension, 0)) for budget in applicable],
-            approvals=await approvals.facts_for_intent(unit, principal, facts.intent),
-            pending_reconciliation=facts.obligations,
+        return policy_input_of(
+            unit.now, principal, request, arguments, facts, estimate, applicable, run_open, on_target,
+            await approvals.facts_for_intent(unit, principal, facts.intent), self.limits,
         )
 
     async def _admit(

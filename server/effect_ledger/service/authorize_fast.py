@@ -18,14 +18,13 @@ from effect_ledger.domain import budgets as budget_rules
 from effect_ledger.domain import lifecycle
 from effect_ledger.domain.approvals import Intent
 from effect_ledger.domain.budgets import Budget, ReservationState
-from effect_ledger.domain.canonical import canonical_bytes, intent_digest, sha256_hex
+from effect_ledger.domain.canonical import intent_digest
 from effect_ledger.domain.contracts import argument_violations
 from effect_ledger.domain.lifecycle import VerdictKind
 from effect_ledger.domain.model import Attempt, Decision, Effect, Outcome, Principal, Reason, Role, Stage
-from effect_ledger.domain.policy_input import build_policy_input
 from effect_ledger.errors import InvalidArgument, NotFound, PermissionDenied, Unauthenticated
-from effect_ledger.domain.gate_rules import IntentFacts, authorized_events, combine, run_refusals
-from effect_ledger.service.authorize import AuthorizeRequest, AuthorizeResult
+from effect_ledger.domain.gate_rules import IntentFacts, authorized_events
+from effect_ledger.service.authorize import AuthorizeRequest, AuthorizeResult, decide, policy_input_of
 from effect_ledger.service.gate import Gate
 from effect_ledger.storage import gate_store
 from effect_ledger.storage import repository as repo
@@ -115,54 +114,14 @@ async def authorize(
         known = known | facts.dimensions
     estimate = budget_rules.validate_amounts(wanted, "estimate", known)
     effect = intent.effect
-    policy_input = build_policy_input(
-        now=now,
-        principal=principal,
-        run=intent.run,
-        tool=request.tool,
-        target=request.target,
-        idempotency_key=request.idempotency_key,
-        arguments=arguments,
-        intent_digest=intent.digest,
-        contract=intent.current,
-        pinned_contract=intent.pinned if effect is not None else None,
-        effect=effect,
-        verdict=intent.verdict,
-        run_open_effects=facts.run_open,
-        run_open_effects_limit=limits.run_open_effects_in_policy_max,
-        target_unknown_effects=[
-            item for item in facts.on_target if effect is None or item["effect_id"] != effect.effect_id
-        ][: limits.target_unknown_effects_in_policy_max],
-        estimate=estimate,
-        budgets=[budget.as_policy_fact(estimate.get(budget.dimension, 0)) for budget in facts.budgets],
-        approvals=[],
-        pending_reconciliation=intent.obligations,
+    policy_input = policy_input_of(
+        now, principal, request, arguments, intent, estimate, facts.budgets, facts.run_open, facts.on_target, [], limits
     )
-    input_bytes = canonical_bytes(policy_input)
-    policy_decision = await gate.policy.evaluate(policy_input, input_bytes)
-    outcome, reasons = combine(
-        intent.verdict, policy_decision.outcome, policy_decision.reasons, intent.current, intent.pinned,
-        run_refusals(intent),
-    )
+    decision, policy_decision = await decide(gate.policy, principal, request, intent, policy_input, now)
+    outcome = decision.outcome
     if outcome == Outcome.REQUIRE_APPROVAL or (outcome == Outcome.ALLOW and policy_decision.approval_id):
         raise Fallback("approvals: the general path files or binds them")
-    decision = Decision(
-        decision_id=repo.new_id("dec"),
-        run_id=intent.run.run_id,
-        effect_id=effect.effect_id if effect is not None else None,
-        attempt_id=None,
-        outcome=outcome,
-        reasons=reasons,
-        policy_revision=policy_decision.revision,
-        engine=policy_decision.engine,
-        input_digest=sha256_hex(input_bytes),
-        input_json=input_bytes,
-        intent_digest=intent.digest,
-        idempotency_key=request.idempotency_key,
-        principal_id=principal.principal_id,
-        tool=request.tool,
-        created_at=now,
-    )
+    input_bytes = decision.input_json
     tenant = principal.tenant_id
     plan: dict[str, Any] = {"tenant_id": tenant, "run_id": intent.run.run_id, "now": now.isoformat()}
     attempt: Attempt | None = None

@@ -25,8 +25,7 @@ from effect_ledger.domain.model import OPEN_STAGES, Attempt, Effect, Principal, 
 from effect_ledger.domain.contracts import check_identifier
 from effect_ledger.errors import NotFound
 from effect_ledger.service.authorize_fast import Fallback, authenticated
-from effect_ledger.domain.gate_rules import receipt_fact
-from effect_ledger.service.attempts import AttemptResult, attempt_refusal
+from effect_ledger.service.attempts import AttemptResult, attempt_refusal, report_payload
 from effect_ledger.service.gate import Gate
 from effect_ledger.storage import gate_store
 
@@ -89,15 +88,7 @@ async def report(
         report = replace(report, usage=usage)
     effect, attempt = facts.effect, facts.attempt
     transition = lifecycle.apply_report(attempt, report, facts.now)
-    payload = {
-        "effect_id": effect.effect_id,
-        "attempt_id": attempt.attempt_id,
-        "report": report.kind.value,
-        "reason": report.reason,
-        "failure_evidence": report.failure_evidence.value if report.failure_evidence else None,
-        "receipt": receipt_fact(report.receipt),
-        "stage_before": attempt.stage.value,
-    }
+    payload = report_payload(effect, attempt, report)
     plan = _plan(facts)
     if transition.refused:
         plan["events"] = [
