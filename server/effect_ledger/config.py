@@ -16,7 +16,7 @@ class Limits:
     page_size_max: int = 500
     events_page_size_default: int = 200
     events_page_size_max: int = 1000
-    run_open_effects_in_policy_max: int = 100
+    run_open_effects_in_policy_max: int = 20
     target_unknown_effects_in_policy_max: int = 20
     labels_max: int = 32
     lease_sweep_batch_max: int = 100
@@ -35,6 +35,8 @@ class ServerSettings:
     maximum_concurrent_rpcs: int = 256
     grace_seconds: float = 10.0
     lease_sweep_interval_seconds: float = 1.0
+    # With PostgreSQL's autovacuum off, stale planner statistics are refreshed this often.
+    statistics_interval_seconds: float = 5.0
     # ReconcileEffect(not_happened) from anyone but an attempt's owner waits this long after the
     # attempt's lease ends (a late sender may still be in flight). Negative: the attempt's own
     # lease length (its tool contract's lease_seconds), the default.

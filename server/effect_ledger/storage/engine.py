@@ -343,6 +343,40 @@ class Database:
         assert last is not None
         raise last
 
+    async def refresh_planner_statistics(self) -> list[str]:
+        """PostgreSQL with autovacuum off: ANALYZE the tables whose statistics are stale.
+
+        Without statistics the planner cannot tell a unique index from a wide one: on a table
+        never analyzed it may look an idempotency key up through an index that leads with the
+        tenant only, and the plans cached in each session (the gate's functions, foreign-key
+        checks) keep that choice while the table grows. autovacuum analyzes a table once its
+        changes since the last ANALYZE pass ``50 + 10 %`` of its rows; with autovacuum off this
+        applies the same threshold. ``SKIP_LOCKED``: a table another replica is analyzing is
+        left to it. Returns the tables analyzed (none on SQLite or with autovacuum on).
+        """
+        if self.dialect != "postgresql":
+            return []
+        async with self.engine.connect() as connection:
+            autovacuum = (await connection.execute(text("SELECT current_setting('autovacuum')"))).scalar_one()
+            if autovacuum == "on":
+                await connection.rollback()
+                return []
+            stale = (
+                await connection.execute(
+                    text(
+                        "SELECT s.relname FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid"
+                        " WHERE s.schemaname = current_schema()"
+                        " AND s.n_mod_since_analyze > 50 + 0.1 * greatest(c.reltuples, 0)"
+                        " ORDER BY s.relname"
+                    )
+                )
+            ).scalars().all()
+            for table in stale:
+                quoted = self.engine.dialect.identifier_preparer.quote(table)
+                await connection.execute(text(f"ANALYZE (SKIP_LOCKED) {quoted}"))
+            await connection.commit()
+        return list(stale)
+
     async def ping(self) -> bool:
         try:
             async with self.engine.connect() as connection:

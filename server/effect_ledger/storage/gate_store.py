@@ -3,12 +3,14 @@
 AuthorizeEffect on PostgreSQL is two round trips: ``el_authorize_facts`` (sent with the
 transaction's BEGIN) gathers every fact the decision needs, with the effect bound to the key
 locked before its attempts are read and before the clock is read; the server then decides; and
-``el_apply`` (sent with the COMMIT) writes everything the decision implies: budget
-reservations (checked under their row locks: a reservation that no longer fits turns the
-decision into DENY inside the same statement), the effect, the attempt, the decision and the
-trace events, each event's hash computed under the run row's lock from the head it extends.
-Both functions are created by migration 0006; their text lives here, beside the code that calls
-them. Lock order is the ledger's everywhere: the effect row, then budget rows, then the run row.
+``el_apply`` (sent with the COMMIT) writes everything the decision implies: the effect, the
+attempt, the decision, the budget reservations and the trace events, each event's hash computed
+under the run row's lock from the head it extends. A reservation that does not fit turns the
+decision into DENY inside the same statement. The rows many callers share (budget counters, the
+run row) are locked by the last statements before COMMIT, so each caller holds them for the
+least time. The functions are created by migrations (0006 first); their text lives here, beside
+the code that calls them. Lock order is the ledger's everywhere: the effect row, then budget
+rows, then the run row.
 """
 
 from __future__ import annotations
@@ -201,43 +203,32 @@ DECLARE
     v_run text := p->>'run_id';
     v_now timestamptz := (p->>'now')::timestamptz;
     v_item jsonb;
-    v_budget budgets%ROWTYPE;
     v_revision bigint;
     v_hash text;
     v_next text;
 BEGIN
-    -- Budget rows before the run row (the ledger's lock order: effect, budgets, run). New
-    -- reservations must all fit under their locks, or none is made and the decision becomes
-    -- the DENY the caller prepared.
+    -- A new reservation that does not fit by the committed counters turns the decision into the
+    -- DENY the caller prepared, and nothing else is written. This read takes no lock: the shared
+    -- counters are locked only at the end (below), so that concurrent callers hold them for the
+    -- least time.
     FOR v_item IN SELECT * FROM jsonb_array_elements(COALESCE(p->'reservations', '[]'::jsonb)) LOOP
-        SELECT * INTO v_budget FROM budgets
-            WHERE tenant_id = v_tenant AND budget_id = v_item->>'budget_id' FOR UPDATE;
-        IF NOT FOUND OR v_budget.posted + v_budget.pending + (v_item->>'amount')::bigint > v_budget.limit_amount THEN
+        PERFORM 1 FROM budgets WHERE tenant_id = v_tenant AND budget_id = v_item->>'budget_id'
+            AND posted + pending + (v_item->>'amount')::bigint <= limit_amount;
+        IF NOT FOUND THEN
             PERFORM el_insert_decision(jsonb_set(p->'exhausted_decision', '{reasons}', to_jsonb(
                 '[{"code":"BUDGET_EXHAUSTED","message":"dimension ' || (v_item->>'dimension')
                 || ': the estimate does not fit in the budget"}]')), p_input);
             RETURN jsonb_build_object('exhausted', v_item->>'dimension');
         END IF;
     END LOOP;
-    FOR v_item IN SELECT * FROM jsonb_array_elements(COALESCE(p->'reservations', '[]'::jsonb)) LOOP
-        UPDATE budgets SET pending = pending + (v_item->>'amount')::bigint, updated_at = v_now
-            WHERE tenant_id = v_tenant AND budget_id = v_item->>'budget_id';
-    END LOOP;
-    -- Settlements: a reservation ends once (PENDING to its final state), and its budget gives
-    -- back the pending amount and posts what it posts (refused when the counter would overflow).
+    -- Settlements: a reservation ends once (PENDING to its final state); its budget's counters
+    -- move at the end.
     FOR v_item IN SELECT * FROM jsonb_array_elements(COALESCE(p->'settlements', '[]'::jsonb)) LOOP
         UPDATE reservations SET state = v_item->>'state', posted_amount = (v_item->>'posted_amount')::bigint,
                                 settled_at = v_now
             WHERE tenant_id = v_tenant AND reservation_id = v_item->>'reservation_id' AND state = 'PENDING';
         IF NOT FOUND THEN
             RAISE EXCEPTION 'the reservation was settled concurrently' USING ERRCODE = '40001';
-        END IF;
-        UPDATE budgets SET pending = pending - (v_item->>'amount')::bigint,
-                           posted = posted + (v_item->>'posted_amount')::bigint, updated_at = v_now
-            WHERE tenant_id = v_tenant AND budget_id = v_item->>'budget_id'
-              AND posted <= 9223372036854775807 - (v_item->>'posted_amount')::bigint;
-        IF NOT FOUND THEN
-            RAISE EXCEPTION 'posting would overflow the budget counter' USING ERRCODE = 'EL002';
         END IF;
     END LOOP;
     IF p ? 'new_effect' THEN
@@ -265,6 +256,32 @@ BEGIN
     IF p ? 'decision' THEN
         PERFORM el_insert_decision(p->'decision', p_input);
     END IF;
+    -- The budget counters, in budget order, then the run row: the rows many callers share are
+    -- locked by the last statements before COMMIT (the ledger's lock order: effect, budgets,
+    -- run). A reservation checked against the counters under their lock: when it no longer
+    -- fits (a concurrent caller took the room since the check above), the whole transaction is
+    -- rolled back and run again, and the check above then answers DENY.
+    FOR v_item IN SELECT x FROM jsonb_array_elements(COALESCE(p->'reservations', '[]'::jsonb)) x
+                  ORDER BY x->>'budget_id' LOOP
+        UPDATE budgets SET pending = pending + (v_item->>'amount')::bigint, updated_at = v_now
+            WHERE tenant_id = v_tenant AND budget_id = v_item->>'budget_id'
+              AND posted + pending + (v_item->>'amount')::bigint <= limit_amount;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'a reservation no longer fits its budget' USING ERRCODE = '40001';
+        END IF;
+    END LOOP;
+    -- Settled reservations give back their pending amount and post what they post (refused when
+    -- the counter would overflow).
+    FOR v_item IN SELECT x FROM jsonb_array_elements(COALESCE(p->'settlements', '[]'::jsonb)) x
+                  ORDER BY x->>'budget_id' LOOP
+        UPDATE budgets SET pending = pending - (v_item->>'amount')::bigint,
+                           posted = posted + (v_item->>'posted_amount')::bigint, updated_at = v_now
+            WHERE tenant_id = v_tenant AND budget_id = v_item->>'budget_id'
+              AND posted <= 9223372036854775807 - (v_item->>'posted_amount')::bigint;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'posting would overflow the budget counter' USING ERRCODE = 'EL002';
+        END IF;
+    END LOOP;
     IF jsonb_array_length(COALESCE(p->'events', '[]'::jsonb)) > 0 THEN
         -- The run row last; FOR NO KEY UPDATE, as every appender (see trace_store.append_events).
         SELECT revision, head_hash INTO v_revision, v_hash FROM runs
@@ -292,6 +309,19 @@ DROP FUNCTION IF EXISTS el_attempt_facts(text, text);
 DROP FUNCTION IF EXISTS el_insert_decision(jsonb, bytea);
 DROP FUNCTION IF EXISTS el_authorize_facts(text, text, text, text, text, integer, integer, boolean);
 """
+
+
+def create_functions(op: Any) -> None:
+    """For migrations (alembic's ``op``): create the functions above again, on PostgreSQL only.
+
+    A change of their text comes with a new revision that calls this, so a database at head
+    always holds the text the code calls.
+    """
+    if op.get_bind().dialect.name != "postgresql":
+        return
+    for text in CREATE_FUNCTIONS:
+        op.execute(text)
+
 
 # el_apply's refusal of a posting that would overflow a 64-bit budget counter.
 OVERFLOW_SQLSTATE = "EL002"

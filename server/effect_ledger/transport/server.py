@@ -168,6 +168,21 @@ async def _lease_sweeper(database: Database, interval: float, batch: int) -> Non
             log.warning("lease sweep failed: %s", error)
 
 
+async def _statistics_keeper(database: Database, interval: float) -> None:
+    """Keep the planner's statistics fresh where autovacuum does not (see
+    ``Database.refresh_planner_statistics``); at start, then every ``interval`` seconds."""
+    while True:
+        try:
+            analyzed = await database.refresh_planner_statistics()
+            if analyzed:
+                log.debug("analyzed %s (autovacuum is off)", ", ".join(analyzed))
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # noqa: BLE001 - statistics are an optimization; retry later
+            log.warning("refreshing planner statistics failed: %s", error)
+        await asyncio.sleep(interval)
+
+
 async def start_server(
     settings: ServerSettings,
     database: Database,
@@ -178,7 +193,8 @@ async def start_server(
 ) -> RunningServer:
     """Serve on ``settings.listen``. ``reuse_port``: share the port with sibling worker processes
     (SO_REUSEPORT; off for a lone server, so a second server on a taken port fails to start).
-    ``sweep_leases``: run the lease sweeper here (one worker per host does, see workers.py)."""
+    ``sweep_leases``: run the lease sweeper and the statistics keeper here (one worker per host
+    does, see workers.py)."""
     limits = settings.limits
     server = grpc.aio.server(
         interceptors=[ErrorsAndDeadlines(settings.default_deadline_seconds)],
@@ -229,6 +245,9 @@ async def start_server(
             asyncio.create_task(
                 _lease_sweeper(database, settings.lease_sweep_interval_seconds, limits.lease_sweep_batch_max)
             )
+        )
+        running.tasks.append(
+            asyncio.create_task(_statistics_keeper(database, settings.statistics_interval_seconds))
         )
     host = settings.listen.rsplit(":", 1)[0]
     log.info("effect-ledger serving on %s:%d", host, port)

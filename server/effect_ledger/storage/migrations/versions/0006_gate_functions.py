@@ -23,12 +23,9 @@ depends_on: Union[str, Sequence[str], None] = None
 
 def upgrade() -> None:
     """Upgrade schema."""
-    if op.get_bind().dialect.name != "postgresql":
-        return
     from effect_ledger.storage import gate_store
 
-    for text in gate_store.CREATE_FUNCTIONS:
-        op.execute(text)
+    gate_store.create_functions(op)
 
 
 def downgrade() -> None:
