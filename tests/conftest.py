@@ -94,3 +94,10 @@ def admin(server, tenant):
 @pytest.fixture
 def reviewer(server, tenant):
     yield from _role_client(server, tenant, "reviewer")
+
+
+@pytest.fixture
+def operator(server, tenant):
+    """The tenant's operator: settles what agents left uncertain."""
+    tenant.add("operator", "operator")
+    yield from _role_client(server, tenant, "operator")

@@ -288,3 +288,13 @@ def servers_on_fresh_database(prefix: str, count: int, extra_args: list[str] | N
         for server in servers:
             server.stop()
         drop_pg_database(url)
+
+
+def not_happened(effect_id: str, reason: str = "the provider has no record of it", *, lookup: bool = False):
+    """ReconcileEffect(not_happened); ``lookup``: with a provider lookup as structured evidence
+    (what an attempt's own principal needs, for a QUERY_THEN_RETRY tool)."""
+    evidence = gate_pb2.ReconcileEffectRequest.NotHappened(reason=reason)
+    if lookup:
+        evidence.lookup_reference = f"lookup-{effect_id}"
+        evidence.lookup_result_json = b'{"found":false}'
+    return gate_pb2.ReconcileEffectRequest(effect_id=effect_id, not_happened=evidence)

@@ -212,6 +212,17 @@ def set_roles(url: str, tenant: str, principal_id: str, roles: list[str]) -> Non
         raise SystemExit(f"no principal {principal_id!r} in tenant {tenant!r}")
 
 
+def _warn_about_roles(principal_id: str, roles: list[str]) -> None:
+    """One principal that both executes effects and approves them weakens four eyes."""
+    if {Role.AGENT.value, Role.REVIEWER.value} <= set(roles):
+        print(
+            f"effect-ledger: warning: {principal_id!r} holds both the agent and the reviewer role; "
+            "its approvals never count for effects it executes itself (four eyes), so another "
+            "reviewer must approve those",
+            file=sys.stderr,
+        )
+
+
 def command_principal_add(options: argparse.Namespace) -> int:
     url = _database_url(options)
     _migrate(url)
@@ -220,6 +231,7 @@ def command_principal_add(options: argparse.Namespace) -> int:
     except (InvalidArgument, ValueError) as error:
         print(f"effect-ledger: {error}", file=sys.stderr)
         return 2
+    _warn_about_roles(options.id, options.role)
     print(token)
     print(
         f"# principal {options.id!r} in tenant {options.tenant!r} with roles {sorted(set(options.role))}; "
@@ -231,6 +243,7 @@ def command_principal_add(options: argparse.Namespace) -> int:
 
 def command_principal_set_roles(options: argparse.Namespace) -> int:
     set_roles(_database_url(options), options.tenant, options.id, options.role)
+    _warn_about_roles(options.id, options.role)
     print(f"roles of {options.id!r} are now {sorted(set(options.role))}")
     return 0
 
@@ -294,11 +307,16 @@ def command_policy_test(options: argparse.Namespace) -> int:
     from effect_ledger.policy.engine import default_policy_dir
     from effect_ledger.policy.rego_tests import run_policy_tests
 
-    results = run_policy_tests(Path(options.policy_dir) if options.policy_dir else default_policy_dir())
+    policy_dir = Path(options.policy_dir) if options.policy_dir else default_policy_dir()
+    try:
+        results = run_policy_tests(policy_dir, options.engine)
+    except ImportError:
+        print("effect-ledger: OPA's engine is not installed (pip install opa-golib-python-bindings)", file=sys.stderr)
+        return 2
     for result in results:
-        print(f"{'PASS' if result.passed else 'FAIL'} {result.file}: {result.name} {result.detail[:200]}")
+        print(f"{'PASS' if result.passed else 'FAIL'} [{options.engine}] {result.file}: {result.name} {result.detail[:200]}")
     failed = sum(not r.passed for r in results)
-    print(f"{len(results) - failed} passed, {failed} failed")
+    print(f"{options.engine}: {len(results) - failed} passed, {failed} failed")
     return 1 if failed or not results else 0
 
 
@@ -367,6 +385,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     policy_test = commands.add_parser("policy-test", help="run the policy's _test.rego files")
     policy_test.add_argument("--policy-dir", default=_env("policy-dir"))
+    policy_test.add_argument(
+        "--engine", choices=["embedded", "opa"], default="embedded",
+        help="embedded: the server's default engine; opa: OPA's own Go engine (what a real OPA server runs)",
+    )
     policy_test.set_defaults(handler=command_policy_test)
     return parser
 

@@ -659,3 +659,25 @@ def test_a_reusable_approval_is_single_use_under_the_shipped_policy(agent, admin
     assert outcome_name(second) == "REQUIRE_APPROVAL" and not second.attempt_id
     assert second.approval_request_id not in ("", approval.approval_id)
     assert stage_name(agent.gate.GetEffect(gate_pb2.GetEffectRequest(effect_id=first.effect_id)).stage) == "AUTHORIZED"
+
+
+def test_an_approval_never_counts_for_the_principal_that_approved_it(tenant, server, agent, admin):
+    """Four eyes: a principal with both the agent and the reviewer role approves a request
+    another agent filed; it cannot then execute the effect on that approval itself."""
+    admin.tools.PutToolContract(irreversible())
+    tenant.add("dual", "agent", "reviewer")
+    dual = tenant.client(server, "dual")
+    run_id = new_run(agent)
+    approval_id = agent.gate.AuthorizeEffect(wire(run_id, "k-requested")).approval_request_id
+    assert state_name(decide(dual, approval_id).state) == "APPROVED"
+
+    answer = dual.gate.AuthorizeEffect(wire(run_id, "k-dual"))
+    assert outcome_name(answer) != "ALLOW" and not answer.attempt_id
+    seen = {a["approval_id"]: a for a in policy_input(dual, answer.decision_id)["approvals"]}
+    assert "APPROVED_BY_EXECUTOR" in seen[approval_id]["binding_problems"]
+    assert "dual" not in seen[approval_id]["valid_approvers"]
+    assert state_name(get(agent, approval_id).state) == "APPROVED"  # nothing used up
+
+    # The same approval allows a principal that did not approve it.
+    allowed = agent.gate.AuthorizeEffect(wire(run_id, "k-requested"))
+    assert outcome_name(allowed) == "ALLOW" and allowed.approval_id == approval_id

@@ -288,26 +288,27 @@ def test_sixteen_concurrent_authorizations_of_100_against_1000_allow_exactly_ten
     assert counters(budgets.one(TENANT, USD)) == (0, 1000, 0)
 
 
-def test_a_contract_default_estimate_is_reserved_and_the_request_overrides_it_per_dimension(
-    agent, admin, budgets
-):
+def test_a_contract_default_estimate_is_a_floor_the_request_may_raise_never_lower(agent, admin, budgets):
     admin.tools.PutToolContract(contract_with(default_estimate={USD: 250, "tool_calls": 1}))
     budgets.put(TENANT, USD, 10_000)
     budgets.put(TENANT, "tool_calls", 10)
     run_id = new_run(agent)
     cases = {
         "defaults": ({}, {USD: 250, "tool_calls": 1}),
-        "usd-named": ({USD: 40}, {USD: 40, "tool_calls": 1}),
-        "calls-named": ({"tool_calls": 2}, {USD: 250, "tool_calls": 2}),
-        "both-named": ({USD: 7, "tool_calls": 3}, {USD: 7, "tool_calls": 3}),
+        "usd-lowered": ({USD: 40}, {USD: 250, "tool_calls": 1}),
+        "zeros": ({USD: 0, "tool_calls": 0}, {USD: 250, "tool_calls": 1}),
+        "calls-raised": ({"tool_calls": 2}, {USD: 250, "tool_calls": 2}),
+        "both-raised": ({USD: 700, "tool_calls": 3}, {USD: 700, "tool_calls": 3}),
     }
     attempts = {}
-    for key, (estimate, _) in cases.items():
+    for key, (estimate, expected) in cases.items():
         answer = agent.gate.AuthorizeEffect(authorize(run_id, key, estimate))
         assert outcome_name(answer) == "ALLOW" and len(answer.reservation_ids) == 2
         attempts[answer.attempt_id] = key
         decision = json.loads(agent.gate.GetDecision(gate_pb2.GetDecisionRequest(decision_id=answer.decision_id)).input_json)
-        assert decision["estimate"] == cases[key][1]
+        # Policy sees what the ledger reserves and, apart, what the caller asked for.
+        assert decision["estimate"] == expected
+        assert decision["request"]["estimate"] == estimate
 
     reserved: dict[str, dict[str, int]] = {key: {} for key in cases}
     for budget_scope_reservation in budgets.get(TENANT).open_reservations:
@@ -315,8 +316,47 @@ def test_a_contract_default_estimate_is_reserved_and_the_request_overrides_it_pe
             budget_scope_reservation.amount
         )
     assert reserved == {key: expected for key, (_, expected) in cases.items()}
-    assert budgets.one(TENANT, USD).pending == 250 + 40 + 250 + 7
-    assert budgets.one(TENANT, "tool_calls").pending == 1 + 1 + 2 + 3
+    assert budgets.one(TENANT, USD).pending == 250 + 250 + 250 + 250 + 700
+    assert budgets.one(TENANT, "tool_calls").pending == 1 + 1 + 1 + 2 + 3
+
+
+def test_an_exhausted_budget_cannot_be_bypassed_with_a_zero_estimate(agent, admin, budgets):
+    """Every attempt is one tool call unless its contract says otherwise; a zero estimate from
+    the caller changes nothing."""
+    admin.tools.PutToolContract(contract_with())
+    budgets.put(RUN, "tool_calls", 2, scope_id=(run_id := new_run(agent)))
+    for key in ("a", "b"):
+        assert outcome_name(agent.gate.AuthorizeEffect(authorize(run_id, key, {}))) == "ALLOW"
+    for index in range(6):
+        answer = agent.gate.AuthorizeEffect(authorize(run_id, f"zero-{index}", {USD: 0, "tool_calls": 0}))
+        assert outcome_name(answer) == "DENY" and "BUDGET_EXHAUSTED" in [r.code for r in answer.reasons]
+    assert counters(budgets.one(RUN, "tool_calls", scope_id=run_id)) == (0, 2, 0)
+
+
+def test_a_tool_that_costs_nothing_says_so_in_its_contract(agent, admin, budgets):
+    admin.tools.PutToolContract(contract_with(default_estimate={"tool_calls": 0}))
+    run_id = new_run(agent)
+    budgets.put(RUN, "tool_calls", 1, scope_id=run_id)
+    for key in ("a", "b", "c"):
+        answer = agent.gate.AuthorizeEffect(authorize(run_id, key, {}))
+        assert outcome_name(answer) == "ALLOW" and not answer.reservation_ids
+    assert counters(budgets.one(RUN, "tool_calls", scope_id=run_id)) == (0, 0, 1)
+
+
+def test_usage_reported_below_the_floor_posts_the_floor(agent, admin, budgets):
+    admin.tools.PutToolContract(contract_with(default_estimate={USD: 300}))
+    budgets.put(TENANT, USD, 10_000)
+    run_id = new_run(agent)
+    allowed = agent.gate.AuthorizeEffect(authorize(run_id, "low", {}))
+    agent.gate.RecordDispatch(gate_pb2.RecordDispatchRequest(attempt_id=allowed.attempt_id))
+    agent.gate.RecordOutcome(succeeded_with(allowed.attempt_id, {USD: 0}))
+    assert counters(budgets.one(TENANT, USD)) == (300, 0, 9_700)
+
+
+def test_a_contract_default_estimate_must_be_valid(admin):
+    for estimate in ({USD: -1}, {"Bad-Name": 1}):
+        with raises_error("INVALID_ARGUMENT", "INVALID_TOOL_CONTRACT"):
+            admin.tools.PutToolContract(contract_with(default_estimate=estimate))
 
 
 # --- settling ------------------------------------------------------------------------------
@@ -381,7 +421,9 @@ def test_a_definite_failure_and_a_release_void_the_reservation(database_url, ten
     assert counters(budgets.one(TENANT, USD)) == (0, 100, 900)
 
 
-def test_unknown_holds_the_money_until_reconcile_posts_or_voids_it(database_url, tenant, agent, admin, budgets):
+def test_unknown_holds_the_money_until_reconcile_posts_or_voids_it(
+    database_url, tenant, agent, admin, operator, budgets
+):
     admin.tools.PutToolContract(contract_with())
     budgets.put(TENANT, USD, 1000)
     run_id = new_run(agent)
@@ -403,7 +445,7 @@ def test_unknown_holds_the_money_until_reconcile_posts_or_voids_it(database_url,
     assert counters(budgets.one(TENANT, USD)) == (100, 100, 800)
     assert state_of(database_url, tenant, happened.reservation_ids[0]) == ("POSTED", 100)
 
-    voided = agent.gate.ReconcileEffect(reconcile_not_happened(did_not.effect_id))
+    voided = operator.gate.ReconcileEffect(reconcile_not_happened(did_not.effect_id))
     assert stage_name(voided.stage) == "FAILED"
     assert counters(budgets.one(TENANT, USD)) == (100, 0, 900)
     assert state_of(database_url, tenant, did_not.reservation_ids[0]) == ("VOIDED", 0)
@@ -681,7 +723,8 @@ def test_policy_input_lists_the_applicable_budgets_with_estimate_and_available(a
         return {b["budget_id"]: b for b in json.loads(decision.input_json)["budgets"]}
 
     first = agent.gate.AuthorizeEffect(authorize(run_id, "first", {USD: 100, "tokens_in": 20}))
-    assert outcome_name(first) == "ALLOW" and len(first.reservation_ids) == 2
+    # Three: every attempt is also one tool call (the contract does not say otherwise).
+    assert outcome_name(first) == "ALLOW" and len(first.reservation_ids) == 3
     seen = policy_budgets(first)
     assert set(seen) == {tenant_budget.budget_id, run_budget.budget_id, tree_budget.budget_id}
     assert not_applicable.budget_id not in seen
@@ -689,7 +732,7 @@ def test_policy_input_lists_the_applicable_budgets_with_estimate_and_available(a
     assert facts == {
         USD: ("TENANT", 100, 1000, 1000),
         "tokens_in": ("RUN", 20, 500, 500),
-        "tool_calls": ("RUN_TREE", 0, 5, 5),
+        "tool_calls": ("RUN_TREE", 1, 5, 5),
     }
 
     second = agent.gate.AuthorizeEffect(authorize(run_id, "second", {USD: 950}))

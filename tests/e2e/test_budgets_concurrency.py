@@ -72,6 +72,7 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster():
     with servers_on_fresh_database("el_budget_mp", SERVERS) as (url, servers, tenant):
+        tenant.add("operator", "operator")
         admin = tenant.client(servers[0], "admin")
         admin.tools.PutToolContract(contract(TOOL, lease_seconds=LEASE_SECONDS))
         admin.close()
@@ -187,10 +188,12 @@ async def storm(cluster: Cluster, plans: list[Plan]) -> Outcomes:
     outcomes = Outcomes()
     backoff = random.Random(SEED + 1)
 
-    async def call(method, request):
+    operator = {**options, "metadata": (("authorization", "Bearer " + cluster.tenant.tokens["operator"]),)}
+
+    async def call(method, request, as_operator: bool = False):
         for attempt in range(UNAVAILABLE_RETRIES_MAX + 1):
             try:
-                return await method(request, **options)
+                return await method(request, **(operator if as_operator else options))
             except grpc.aio.AioRpcError as error:
                 if error.code() != grpc.StatusCode.UNAVAILABLE or attempt == UNAVAILABLE_RETRIES_MAX:
                     raise
@@ -228,7 +231,8 @@ async def storm(cluster: Cluster, plans: list[Plan]) -> Outcomes:
                 else:
                     evidence = {"not_happened": gate_pb2.ReconcileEffectRequest.NotHappened(reason="not there")}
                 reconcile = gate_pb2.ReconcileEffectRequest(effect_id=answer.effect_id, **evidence)
-                await call(reconciler.ReconcileEffect, reconcile)
+                # "Not happened" takes an operator: the agent cannot clear its own uncertainty.
+                await call(reconciler.ReconcileEffect, reconcile, as_operator="not_happened" in evidence)
             outcomes.settled.add(plan.index)
 
         async def one(plan: Plan) -> None:

@@ -100,7 +100,7 @@ KILL_PAUSE_SECONDS = (0.5, 2.0)
 
 RUNTIMES = 10
 RECONCILERS = 3
-RECONCILER_PRINCIPALS = ("admin", "agent-2", "admin")
+RECONCILER_PRINCIPALS = ("admin", "operator", "admin")
 RUNS = 2
 # Keys in use at a time, per tool: few, so that they repeat and race. Most go to the
 # COMPENSATABLE tool: its key is blocked while an attempt is open, so an attempt's lease runs to
@@ -600,7 +600,7 @@ def run_chaos(seed: int) -> Outcome:
     clients: list[RecordingClient] = []
     with servers_on_fresh_database("el_chaos", SERVERS, args) as (url, servers, tenant):
         phases["start"] = time.monotonic() - started
-        tenant.add("agent-2", "agent")
+        tenant.add("operator", "operator")
         with tenant.client(servers[0], "admin") as admin:
             written = [admin.tools.PutToolContract(request) for request in tool_contracts()]
         with tenant.client(servers[0], "agent") as agent:

@@ -481,7 +481,9 @@ def test_artifacts_must_be_complete_to_be_claimed_and_their_loss_stops_or_degrad
 # --- register and compatibility --------------------------------------------------------------
 
 
-def test_register_freezes_the_facts_and_each_incompatible_fact_gets_its_own_reason(agent, admin, checkpoints):
+def test_register_freezes_the_facts_and_each_incompatible_fact_gets_its_own_reason(
+    agent, admin, operator, checkpoints
+):
     admin.tools.PutToolContract(mail())
     run_id = new_run(agent)
     lost = agent.gate.AuthorizeEffect(send(run_id, "k-lost", "mailto:carol@example.com"))
@@ -547,7 +549,7 @@ def test_register_freezes_the_facts_and_each_incompatible_fact_gets_its_own_reas
     assert verdict_name(matching.verdict) == "COMPATIBLE" and not matching.facts
 
     # Once the unknown effect is reconciled, a runtime that does not carry it is compatible.
-    agent.gate.ReconcileEffect(
+    operator.gate.ReconcileEffect(
         gate_pb2.ReconcileEffectRequest(
             effect_id=lost.effect_id, not_happened=gate_pb2.ReconcileEffectRequest.NotHappened(reason="no such message")
         )

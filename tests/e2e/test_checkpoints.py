@@ -36,6 +36,8 @@ def own_server(database_url):
 
 def test_an_unknown_effect_survives_a_crash_and_a_model_switch(own_server, tenant):
     admin, agent = tenant.client(own_server, "admin"), tenant.client(own_server, "agent")
+    tenant.add("operator", "operator")
+    operator = tenant.client(own_server, "operator")
     checkpoints = checkpoints_stub(own_server, tenant.tokens["agent"])
     admin.tools.PutToolContract(contract())
     run_id = agent.runs.CreateRun(runs_pb2.CreateRunRequest(provider="provider-a", model="model-a")).run_id
@@ -97,7 +99,7 @@ def test_an_unknown_effect_survives_a_crash_and_a_model_switch(own_server, tenan
     assert outcome_name(again) == "RECONCILE_REQUIRED" and again.effect_id == sent.effect_id
     fresh = agent.gate.AuthorizeEffect(authorize_request(run_id, "send-2", target="mailto:carol@example.com"))
     assert outcome_name(fresh) == "DENY" and [r.code for r in fresh.reasons][0] == "RECONCILE_AFTER_RESUME"
-    agent.gate.ReconcileEffect(
+    operator.gate.ReconcileEffect(
         gate_pb2.ReconcileEffectRequest(
             effect_id=sent.effect_id,
             not_happened=gate_pb2.ReconcileEffectRequest.NotHappened(reason="provider has no message with our key"),

@@ -346,7 +346,8 @@ class Worker:
             evidence = {"receipt": common_pb2.Receipt(provider_reference=reference, detail_json=RECEIPT_DETAIL)}
         else:
             evidence = {"not_happened": gate_pb2.ReconcileEffectRequest.NotHappened(
-                reason="the runtime never sent it, or the provider rejected it")}
+                reason="the runtime never sent it, or the provider rejected it",
+                lookup_reference=f"lookup-{plan.key}", lookup_result_json=b'{"found":false}')}
         request = gate_pb2.ReconcileEffectRequest(effect_id=plan.effect_id, **evidence)
         settled = self.definite(lambda **kw: self.client.reconcile(request, key=plan.key, tool=plan.tool, **kw))
         expected = "SUCCEEDED" if reference is not None else "FAILED"
@@ -404,9 +405,15 @@ class Sampler:
 
 
 def tool_contracts():
-    mail = contract(MAIL, max_attempts=MAX_ATTEMPTS, lease_seconds=LEASE_SECONDS)
+    # QUERY_THEN_RETRY: a runtime that asked the provider settles "not happened" itself, with
+    # the lookup as evidence.
+    mail = contract(
+        MAIL, max_attempts=MAX_ATTEMPTS, lease_seconds=LEASE_SECONDS, queryable=True,
+        allowed_recovery=(common_pb2.QUERY_THEN_RETRY,),
+    )
     charge = contract(
-        CHARGE, allowed_recovery=(common_pb2.RETRY_SAME_KEY,), max_attempts=MAX_ATTEMPTS, lease_seconds=LEASE_SECONDS
+        CHARGE, allowed_recovery=(common_pb2.RETRY_SAME_KEY, common_pb2.QUERY_THEN_RETRY), queryable=True,
+        max_attempts=MAX_ATTEMPTS, lease_seconds=LEASE_SECONDS
     )
     for request in (mail, charge):
         request.contract.default_estimate[USD] = ESTIMATE[USD]

@@ -188,7 +188,7 @@ def test_lease_expiry_makes_the_attempt_unknown_until_reconciled(agent, admin):
     assert "attempt.lease_expired" in types and types[-1] == "effect.reconciled"
 
 
-def test_reconcile_not_happened_reopens_the_effect_for_a_new_attempt(agent, admin):
+def test_reconcile_not_happened_reopens_the_effect_for_a_new_attempt(agent, admin, operator):
     admin.tools.PutToolContract(contract())
     run_id = new_run(agent)
     first = agent.gate.AuthorizeEffect(authorize_request(run_id, "k"))
@@ -196,12 +196,14 @@ def test_reconcile_not_happened_reopens_the_effect_for_a_new_attempt(agent, admi
     agent.gate.RecordOutcome(unknown(first.attempt_id))
     with raises_error("INVALID_ARGUMENT"):
         agent.gate.ReconcileEffect(gate_pb2.ReconcileEffectRequest(effect_id=first.effect_id))
-    settled = agent.gate.ReconcileEffect(
-        gate_pb2.ReconcileEffectRequest(
-            effect_id=first.effect_id,
-            not_happened=gate_pb2.ReconcileEffectRequest.NotHappened(reason="provider has no message with our key"),
-        )
+    not_happened = gate_pb2.ReconcileEffectRequest(
+        effect_id=first.effect_id,
+        not_happened=gate_pb2.ReconcileEffectRequest.NotHappened(reason="provider has no message with our key"),
     )
+    # The agent cannot clear its own uncertainty (the contract lists no recovery it may use).
+    with raises_error("PERMISSION_DENIED", "RECONCILE_NEEDS_OPERATOR"):
+        agent.gate.ReconcileEffect(not_happened)
+    settled = operator.gate.ReconcileEffect(not_happened)
     assert stage_name(settled.stage) == "FAILED"
     assert "provider has no message" in settled.attempts[0].outcome_reason
     with raises_error("FAILED_PRECONDITION", "CONFLICTING_OUTCOME"):

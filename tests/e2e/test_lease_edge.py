@@ -22,6 +22,7 @@ from support import (
     authorize_request,
     contract,
     new_run,
+    not_happened,
     outcome_name,
     psycopg_url,
     raises_error,
@@ -62,7 +63,10 @@ def hold_effect_lock(database_url: str, effect_id: str, lease_end: datetime, loc
 
 def authorized(agent, admin, key: str, lease_seconds: int = 2):
     admin.tools.PutToolContract(
-        contract(effect_class=common_pb2.COMPENSATABLE, provider_idempotency=False, lease_seconds=lease_seconds)
+        contract(
+            effect_class=common_pb2.COMPENSATABLE, provider_idempotency=False, lease_seconds=lease_seconds,
+            queryable=True, allowed_recovery=(common_pb2.QUERY_THEN_RETRY,),
+        )
     )
     run_id = new_run(agent)
     decision = agent.gate.AuthorizeEffect(authorize_request(run_id, key))
@@ -96,13 +100,9 @@ def test_a_dispatch_that_reaches_the_lock_after_the_lease_ran_out_is_refused(dat
     types = event_types(agent, run_id)
     assert "attempt.lease_expired" in types and "attempt.dispatched" not in types
     assert types[-1] == "attempt.report_refused"
-    # The refused sender never sent; the owner may say so at once, and the effect is retried.
-    agent.gate.ReconcileEffect(
-        gate_pb2.ReconcileEffectRequest(
-            effect_id=decision.effect_id,
-            not_happened=gate_pb2.ReconcileEffectRequest.NotHappened(reason="dispatch refused; never sent"),
-        )
-    )
+    # The refused sender never sent; the owner may say so at once with the provider's lookup (a
+    # QUERY_THEN_RETRY tool), and the effect is retried.
+    agent.gate.ReconcileEffect(not_happened(decision.effect_id, "dispatch refused; never sent", lookup=True))
     again = agent.gate.AuthorizeEffect(authorize_request(run_id, "edge-1"))
     assert outcome_name(again) == "ALLOW" and again.attempt_id != decision.attempt_id
 
@@ -151,7 +151,7 @@ def test_a_read_that_shows_unknown_has_recorded_it(database_url, agent, admin):
 def test_not_happened_from_another_principal_waits_out_the_lease_and_its_grace(tenant, server, agent, admin):
     run_id, decision = authorized(agent, admin, "edge-grace", lease_seconds=1)
     agent.gate.RecordDispatch(gate_pb2.RecordDispatchRequest(attempt_id=decision.attempt_id))
-    tenant.add("reconciler", "agent")
+    tenant.add("reconciler", "operator")
     reconciler = tenant.client(server, "reconciler")
     not_happened = gate_pb2.ReconcileEffectRequest(
         effect_id=decision.effect_id,
@@ -178,7 +178,9 @@ def test_not_happened_from_another_principal_waits_out_the_lease_and_its_grace(t
         reconciler.close()
 
 
-def test_a_receipt_settles_at_once_and_the_owner_may_say_not_happened_at_once(tenant, server, agent, admin):
+def test_a_receipt_settles_at_once_and_the_owner_may_say_not_happened_at_once_with_a_lookup(
+    tenant, server, agent, admin
+):
     run_id, first = authorized(agent, admin, "edge-receipt", lease_seconds=30)
     agent.gate.RecordDispatch(gate_pb2.RecordDispatchRequest(attempt_id=first.attempt_id))
     receipt = common_pb2.Receipt(provider_reference="msg-7", detail_json=b"{}")
@@ -186,12 +188,7 @@ def test_a_receipt_settles_at_once_and_the_owner_may_say_not_happened_at_once(te
     assert stage_name(settled.stage) == "SUCCEEDED"
     second = agent.gate.AuthorizeEffect(authorize_request(run_id, "edge-receipt-2"))
     agent.gate.RecordDispatch(gate_pb2.RecordDispatchRequest(attempt_id=second.attempt_id))
-    owned = agent.gate.ReconcileEffect(
-        gate_pb2.ReconcileEffectRequest(
-            effect_id=second.effect_id,
-            not_happened=gate_pb2.ReconcileEffectRequest.NotHappened(reason="my request never left"),
-        )
-    )
+    owned = agent.gate.ReconcileEffect(not_happened(second.effect_id, "my request never left", lookup=True))
     assert stage_name(owned.stage) == "FAILED"
 
 

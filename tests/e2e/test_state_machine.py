@@ -92,7 +92,10 @@ class Tool:
                 tool=self.name,
                 effect_class=self.effect_class,
                 provider_idempotency=True,
-                allowed_recovery=[common_pb2.RETRY_SAME_KEY] if self.same_key_retry else [],
+                # QUERY_THEN_RETRY: the agent settles "not happened" itself, with the lookup.
+                queryable=True,
+                allowed_recovery=[common_pb2.QUERY_THEN_RETRY]
+                + ([common_pb2.RETRY_SAME_KEY] if self.same_key_retry else []),
                 max_attempts=self.max_attempts,
                 lease_seconds=self.lease_seconds,
                 default_estimate={DIMENSION: self.default_estimate} if self.default_estimate else {},
@@ -282,7 +285,8 @@ class Model:
 
 
 def merged_estimate(tool: Tool, requested: int | None) -> int:
-    return tool.default_estimate if requested is None else requested
+    """The contract's default estimate is a floor: a request may raise it, never lower it."""
+    return tool.default_estimate if requested is None else max(tool.default_estimate, requested)
 
 
 def estimate_map(requested: int | None) -> dict[str, int]:
@@ -511,7 +515,7 @@ class LedgerMachine(RuleBasedStateMachine):
             return
         assert error is None, (kind, attempt.stage, error)
         if what == "applied":
-            self._settle_report(attempt, value, usage)
+            self._settle_report(attempt, value, usage, effect.intent.tool.default_estimate)
             attempt.stage = value
             if value == "SUCCEEDED":
                 attempt.receipt = reference
@@ -532,8 +536,11 @@ class LedgerMachine(RuleBasedStateMachine):
                     sibling.reservation = "VOIDED"
                 self._count("report:SUCCEEDED:deduplicated")
 
-    def _settle_report(self, attempt: MAttempt, stage: str, usage: int | None) -> None:
-        """SUCCEEDED posts the usage (or the estimate); FAILED and RELEASED void; UNKNOWN holds."""
+    def _settle_report(self, attempt: MAttempt, stage: str, usage: int | None, floor: int = 0) -> None:
+        """SUCCEEDED posts the usage (never below the contract's floor) or the estimate; FAILED
+        and RELEASED void; UNKNOWN holds."""
+        if usage is not None:
+            usage = max(usage, floor)
         if stage == "SUCCEEDED":
             if attempt.reservation == "PENDING":
                 attempt.reservation = "POSTED"
@@ -631,7 +638,9 @@ class LedgerMachine(RuleBasedStateMachine):
         else:
             request = gate_pb2.ReconcileEffectRequest(
                 effect_id=effect.effect_id,
-                not_happened=gate_pb2.ReconcileEffectRequest.NotHappened(reason="the provider has no record"),
+                not_happened=gate_pb2.ReconcileEffectRequest.NotHappened(
+                    reason="the provider has no record", lookup_reference="lookup-1", lookup_result_json=b'{"found":false}'
+                ),
             )
         open_attempts = [a for a in effect.attempts if a.stage in OPEN]
         stage = effect.stage

@@ -186,6 +186,7 @@ def policy_input(
         run_open_effects_limit=100,
         target_unknown_effects=[],
         estimate={},
+        requested_estimate={},
         budgets=[],
         approvals=[],
     )

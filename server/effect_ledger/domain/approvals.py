@@ -80,23 +80,29 @@ class Intent:
     intent_digest: str
 
 
-def valid_approvers(approval: Approval, reviewers_with_authority: frozenset[str]) -> list[str]:
-    """Distinct approving reviewers who hold a deciding role now and did not request the effect."""
+def valid_approvers(approval: Approval, reviewers_with_authority: frozenset[str], executor_id: str = "") -> list[str]:
+    """Distinct approving reviewers who hold a deciding role now and are neither the principal
+    that requested the effect nor ``executor_id``, the principal that would execute it."""
     return sorted(
         {
             vote.reviewer_id
             for vote in approval.votes
             if vote.approve
             and vote.reviewer_id in reviewers_with_authority
-            and vote.reviewer_id != approval.requested_by
+            and vote.reviewer_id not in (approval.requested_by, executor_id)
         }
     )
 
 
 def binding_problems(
-    approval: Approval, intent: Intent, now: datetime, reviewers_with_authority: frozenset[str]
+    approval: Approval,
+    intent: Intent,
+    now: datetime,
+    reviewers_with_authority: frozenset[str],
+    executor_id: str,
 ) -> list[str]:
-    """Why this approval does not authorize this intent now (empty: it does)."""
+    """Why this approval does not authorize this intent, executed by ``executor_id``, now (empty:
+    it does). Four eyes: an approval by the executor never counts for it."""
     problems = []
     if (approval.run_id, approval.tool, approval.tool_revision, approval.intent_digest) != (
         intent.run_id, intent.tool, intent.tool_revision, intent.intent_digest
@@ -109,7 +115,9 @@ def binding_problems(
         problems.append("APPROVAL_USED")
     elif state != ApprovalState.APPROVED:
         problems.append(f"APPROVAL_{state.value}")
-    if len(valid_approvers(approval, reviewers_with_authority)) < approval.quorum:
+    if any(vote.approve and vote.reviewer_id == executor_id for vote in approval.votes):
+        problems.append("APPROVED_BY_EXECUTOR")
+    if len(valid_approvers(approval, reviewers_with_authority, executor_id)) < approval.quorum:
         problems.append("APPROVAL_QUORUM_NOT_MET")
     return problems
 
@@ -123,16 +131,18 @@ def state_after_vote(approval: Approval, reviewers_with_authority: frozenset[str
     return ApprovalState.PENDING
 
 
-def approval_fact(approval: Approval, now: datetime, reviewers_with_authority: frozenset[str], intent: Intent) -> dict[str, Any]:
-    """What policy sees of an approval for the intent being decided."""
+def approval_fact(
+    approval: Approval, now: datetime, reviewers_with_authority: frozenset[str], intent: Intent, executor_id: str
+) -> dict[str, Any]:
+    """What policy sees of an approval for the intent being decided, for ``executor_id``."""
     denial = approval.denial
     return {
         "approval_id": approval.approval_id,
         "state": approval.effective_state(now).value,
         "reusable": approval.reusable,
         "quorum": approval.quorum,
-        "valid_approvers": valid_approvers(approval, reviewers_with_authority),
+        "valid_approvers": valid_approvers(approval, reviewers_with_authority, executor_id),
         "denied_by": denial.reviewer_id if denial else None,
         "requested_by": approval.requested_by,
-        "binding_problems": binding_problems(approval, intent, now, reviewers_with_authority),
+        "binding_problems": binding_problems(approval, intent, now, reviewers_with_authority, executor_id),
     }

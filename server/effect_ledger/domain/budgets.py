@@ -128,9 +128,32 @@ def validate_amounts(
     return {dimension: amount for dimension, amount in amounts.items() if amount > 0 or keep_zero}
 
 
+# Every attempt is one tool call, unless its contract says otherwise (``tool_calls: 0``).
+IMPLICIT_FLOOR = {"tool_calls": 1}
+
+
+def estimate_floor(contract_default: dict[str, int]) -> dict[str, int]:
+    """What every attempt of a tool counts at least, whatever its caller says: the contract's
+    ``default_estimate``, and one tool call unless the contract names ``tool_calls`` (a tool
+    that really costs nothing says ``tool_calls: 0``)."""
+    return {**IMPLICIT_FLOOR, **contract_default}
+
+
 def merged_estimate(requested: dict[str, int], contract_default: dict[str, int]) -> dict[str, int]:
-    """The request's estimate, with the contract's defaults for dimensions it does not name."""
-    return {**contract_default, **requested}
+    """The estimate reserved on ALLOW: the request may raise the contract's floor, never lower it."""
+    floor = estimate_floor(contract_default)
+    merged = {}
+    for dimension in sorted(floor.keys() | requested.keys()):
+        asked = requested.get(dimension, 0)
+        # A negative amount stays as asked, for validate_amounts to refuse by its field.
+        merged[dimension] = asked if asked < 0 else max(floor.get(dimension, 0), asked)
+    return merged
+
+
+def floored_usage(usage: dict[str, int], contract_default: dict[str, int]) -> dict[str, int]:
+    """Reported usage, raised to the contract's floor in each dimension it names."""
+    floor = estimate_floor(contract_default)
+    return {dimension: max(amount, floor.get(dimension, 0)) for dimension, amount in usage.items()}
 
 
 def reservations_needed(budgets: list[Budget], estimate: dict[str, int]) -> list[tuple[Budget, int]]:

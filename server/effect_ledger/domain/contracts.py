@@ -7,6 +7,7 @@ from typing import Any
 
 import jsonschema
 
+from effect_ledger.domain.budgets import DIMENSION, ESTIMATE_DIMENSIONS_MAX, INT64_MAX
 from effect_ledger.domain.model import EffectClass, Recovery, ToolContract
 from effect_ledger.errors import FieldViolation, InvalidArgument
 
@@ -77,6 +78,17 @@ def validate_new_contract(contract: ToolContract) -> None:
         violations.append(
             FieldViolation("contract.provider_idempotency", "RETRYABLE_WITH_KEY needs provider_idempotency")
         )
+    if len(contract.default_estimate) > ESTIMATE_DIMENSIONS_MAX:
+        violations.append(
+            FieldViolation("contract.default_estimate", f"at most {ESTIMATE_DIMENSIONS_MAX} dimensions")
+        )
+    for dimension, amount in sorted(contract.default_estimate.items()):
+        if not DIMENSION.match(dimension):
+            violations.append(FieldViolation(f"contract.default_estimate[{dimension[:70]!r}]", "not a valid dimension name"))
+        elif not 0 <= amount <= INT64_MAX:
+            violations.append(
+                FieldViolation(f"contract.default_estimate[{dimension!r}]", "must be between 0 and 2^63-1")
+            )
     if contract.arguments_schema is not None:
         try:
             jsonschema.Draft202012Validator.check_schema(contract.arguments_schema)

@@ -11,16 +11,21 @@ from effect_ledger.domain import lifecycle
 from effect_ledger.domain.approvals import Intent
 from effect_ledger.domain.lifecycle import LedgerVerdict, VerdictKind
 from effect_ledger.domain.model import (
+    RECONCILING_ROLES,
     Attempt,
     Effect,
     EffectClass,
     Outcome,
+    Principal,
     Reason,
     Receipt,
+    Recovery,
     Run,
     Stage,
     ToolContract,
 )
+from effect_ledger.errors import PermissionDenied
+
 
 @dataclass(frozen=True)
 class IntentFacts:
@@ -147,3 +152,64 @@ def run_refusals(facts: IntentFacts) -> tuple[Reason, ...]:
                 )
             )
     return tuple(refusals)
+
+
+def foreign_attempts(principal: Principal, attempts: list[Attempt]) -> list[Attempt]:
+    """The attempts among ``attempts`` that ``principal`` may not act on.
+
+    An attempt belongs to the principal that was allowed it. Only that principal, or one with
+    a reconciling role (``RECONCILING_ROLES``), may dispatch it, renew its lease, report its
+    outcome, release it or reconcile it. An attempt with no recorded owner (authorized before
+    owners were recorded) belongs to its tenant's agents, as it did then.
+    """
+    if principal.has_any(RECONCILING_ROLES):
+        return []
+    return [a for a in attempts if a.principal_id and a.principal_id != principal.principal_id]
+
+
+def not_owned(principal: Principal, attempt_ids: list[str]) -> PermissionDenied:
+    return PermissionDenied(
+        "the attempt belongs to another principal: only it, an operator or an admin may act on it",
+        reason="ATTEMPT_NOT_OWNED",
+        metadata={"attempt_ids": ",".join(attempt_ids), "principal_id": principal.principal_id},
+    )
+
+
+@dataclass(frozen=True)
+class LookupEvidence:
+    """A provider lookup that found nothing: the reference it was made under and its answer."""
+
+    reference: str
+    result: dict[str, Any]
+
+
+def not_happened_refusal(
+    contract: ToolContract, principal: Principal, settled: list[Attempt], lookup: LookupEvidence | None
+) -> tuple[str, str] | None:
+    """Whether ``principal`` may settle ``settled`` (open attempts) as "not happened": None if
+    it may, else (reason, message). Enforced whatever policy says.
+
+    An attempt's own principal would clear its own uncertainty, so it may do so only for a
+    tool whose contract lists QUERY_THEN_RETRY, with the provider lookup as evidence. Anyone
+    else needs a reconciling role (four eyes: an operator who owns one of the attempts counts as
+    their owner). MANUAL_ONLY, RETRY_SAME_KEY (the provider deduplicates: authorize again under
+    the same key instead) and a contract that lists no recovery all leave it to an operator.
+    """
+    owners = {attempt.principal_id for attempt in settled if attempt.principal_id}
+    owner = principal.principal_id in owners or not owners
+    if principal.has_any(RECONCILING_ROLES) and principal.principal_id not in owners:
+        return None
+    if owner and Recovery.QUERY_THEN_RETRY in contract.allowed_recovery:
+        if lookup is None:
+            return (
+                "LOOKUP_EVIDENCE_REQUIRED",
+                "the tool is QUERY_THEN_RETRY: settle with the provider lookup's reference and result",
+            )
+        return None
+    recoveries = ", ".join(r.value for r in contract.allowed_recovery) or "none"
+    message = (
+        "only an operator or an admin that is not the attempt's principal may settle it as not happened "
+        f"(allowed_recovery: {recoveries})"
+    )
+    return "RECONCILE_NEEDS_OPERATOR", message
+

@@ -294,12 +294,14 @@ def not_happened_settles_after(
 
     Its owner (the principal that authorized it, and sends it) may say so at any time. Anyone
     else waits until ``grace_seconds`` after the lease ended: a runtime that dispatched at its
-    lease's last moment may still be sending, and a provider asked too early finds nothing.
+    lease's last moment may still be sending, and a provider asked too early finds nothing. An
+    attempt whose sender reported its outcome UNKNOWN (``finished_at`` set) has no sender in
+    flight any more, so it does not wait.
     """
     waits = [
         attempt.lease_expires_at + timedelta(seconds=grace_seconds)
         for attempt in attempts
-        if attempt.attempt_id in settled and attempt.principal_id != principal_id
+        if attempt.attempt_id in settled and attempt.principal_id != principal_id and attempt.finished_at is None
     ]
     return max(waits) if waits else None
 

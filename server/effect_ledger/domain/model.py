@@ -13,6 +13,14 @@ class Role(enum.StrEnum):
     REVIEWER = "reviewer"
     ADMIN = "admin"
     AUDITOR = "auditor"
+    # Settles what agents left uncertain and acts on any attempt of its tenant (see
+    # docs/decisions.md, "Who may act on an attempt").
+    OPERATOR = "operator"
+
+
+# Roles that may act on an attempt another principal was allowed (dispatch, renew, report,
+# release, reconcile). Everyone else acts only on their own attempts.
+RECONCILING_ROLES = frozenset({Role.OPERATOR, Role.ADMIN})
 
 
 class EffectClass(enum.StrEnum):

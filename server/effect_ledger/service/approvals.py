@@ -262,7 +262,7 @@ async def usable_approval(
     authority = await store.reviewers_with_authority(
         unit.connection, principal.tenant_id, {v.reviewer_id for v in approval.votes}
     )
-    return approval, rules.binding_problems(approval, intent, unit.now, authority)
+    return approval, rules.binding_problems(approval, intent, unit.now, authority, principal.principal_id)
 
 
 async def consume(unit: UnitOfWork, principal: Principal, approval: Approval, attempt_id: str) -> None:
@@ -276,5 +276,5 @@ async def facts_for_intent(unit: UnitOfWork, principal: Principal, intent: Inten
     found = await store.for_intent(unit.connection, principal.tenant_id, intent.run_id, intent.intent_digest, lock=False)
     voters = {vote.reviewer_id for approval in found for vote in approval.votes}
     authority = await store.reviewers_with_authority(unit.connection, principal.tenant_id, voters)
-    return [rules.approval_fact(approval, unit.now, authority, intent) for approval in found]
+    return [rules.approval_fact(approval, unit.now, authority, intent, principal.principal_id) for approval in found]
 

@@ -15,6 +15,10 @@ from effect_ledger.domain.contracts import (
     check_text,
 )
 from effect_ledger.domain.gate_rules import (
+    LookupEvidence,
+    foreign_attempts,
+    not_happened_refusal,
+    not_owned,
     receipt_fact,
 )
 from effect_ledger.domain.lifecycle import Report
@@ -32,6 +36,7 @@ from effect_ledger.errors import (
     CommitThenRaise,
     FailedPrecondition,
     NotFound,
+    PermissionDenied,
     PreconditionViolation,
 )
 from effect_ledger.service import budgets
@@ -68,6 +73,15 @@ def parse_receipt(
         digest=receipt_digest(provider_reference=provider_reference, detail=detail),
         recorded_at=now,
     )
+
+def parse_lookup(reference: str, result_json: bytes, limits: Limits, field: str) -> LookupEvidence | None:
+    """The structured evidence of a provider lookup, or None when the request carries none."""
+    if not reference and not result_json:
+        return None
+    check_text(reference, f"{field}.lookup_reference", required=True, length_max=512)
+    result = parse_json(result_json, field=f"{field}.lookup_result_json", size_max_bytes=limits.receipt_detail_size_max_bytes)
+    return LookupEvidence(reference, result)
+
 
 def attempt_refusal(reason: str, message: str, attempt: Attempt) -> FailedPrecondition:
     return FailedPrecondition(
@@ -110,6 +124,11 @@ class AttemptReports:
             )
             report = replace(report, usage=usage)
         effect, attempt = await self._locked_attempt(unit, principal, attempt_id)
+        if report.usage:
+            # Usage below the contract's floor posts the floor: the caller cannot lower its count.
+            pinned = await repo.contract_revision(unit.connection, tenant, effect.tool, effect.tool_revision)
+            assert pinned is not None, "an effect's pinned contract revision is never deleted"
+            report = replace(report, usage=budget_rules.floored_usage(report.usage, pinned.default_estimate))
         transition = lifecycle.apply_report(attempt, report, unit.now)
         event_payload = report_payload(effect, attempt, report)
         if transition.refused:
@@ -210,6 +229,8 @@ class AttemptReports:
             raise NotFound("attempt", attempt_id)
         effect = await locked_effect(unit, principal, effect_id)
         attempt = next(a for a in effect.attempts if a.attempt_id == attempt_id)
+        if foreign_attempts(principal, [attempt]):
+            raise not_owned(principal, [attempt_id])
         return effect, attempt
 
     async def reconcile(
@@ -219,10 +240,14 @@ class AttemptReports:
         effect_id: str,
         receipt: Receipt | None,
         not_happened_reason: str,
+        lookup: LookupEvidence | None = None,
     ) -> Effect:
         check_identifier(effect_id, "effect_id")
         tenant = principal.tenant_id
         effect = await locked_effect(unit, principal, effect_id)
+        foreign = foreign_attempts(principal, [a for a in effect.attempts if a.stage in OPEN_STAGES])
+        if foreign:
+            raise not_owned(principal, [a.attempt_id for a in foreign])
         evidence_stage = Stage.SUCCEEDED if receipt is not None else Stage.FAILED
         result = lifecycle.reconcile(effect, evidence_stage, receipt)
         payload = {
@@ -232,6 +257,8 @@ class AttemptReports:
             "reason": not_happened_reason,
             "stage_before": effect.stage.value,
         }
+        if lookup is not None:
+            payload["lookup"] = {"reference": lookup.reference, "result": lookup.result}
         if result.refused_reason:
             unit.record_event(
                 tenant, effect.run_id, "effect.reconcile_refused",
@@ -248,6 +275,15 @@ class AttemptReports:
         if not result.applied:
             return effect
         if receipt is None:
+            pinned = await repo.contract_revision(unit.connection, tenant, effect.tool, effect.tool_revision)
+            assert pinned is not None, "an effect's pinned contract revision is never deleted"
+            open_attempts = [a for a in effect.attempts if a.attempt_id in result.settled_attempts]
+            refusal = not_happened_refusal(pinned, principal, open_attempts, lookup)
+            if refusal is not None:
+                reason, message = refusal
+                raise PermissionDenied(
+                    message, reason=reason, metadata={"effect_id": effect_id, "tool": effect.tool}
+                )
             await self._wait_out_leases(unit, principal, effect, result.settled_attempts, payload)
         settled = [a for a in effect.attempts if a.attempt_id in result.settled_attempts]
         for attempt in settled:

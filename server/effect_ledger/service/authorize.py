@@ -140,6 +140,7 @@ def policy_input_of(
             item for item in on_target if effect is None or item["effect_id"] != effect.effect_id
         ][: limits.target_unknown_effects_in_policy_max],
         estimate=estimate,
+        requested_estimate=request.estimate,
         budgets=[budget.as_policy_fact(estimate.get(budget.dimension, 0)) for budget in applicable],
         approvals=approval_facts,
         pending_reconciliation=facts.obligations,

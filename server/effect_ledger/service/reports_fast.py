@@ -23,6 +23,7 @@ from effect_ledger.domain.budgets import ReservationState
 from effect_ledger.domain.lifecycle import Report
 from effect_ledger.domain.model import OPEN_STAGES, Attempt, Effect, Principal, Role, Stage, ToolContract
 from effect_ledger.domain.contracts import check_identifier
+from effect_ledger.domain.gate_rules import foreign_attempts, not_owned
 from effect_ledger.errors import NotFound
 from effect_ledger.service.authorize_fast import Fallback, authenticated
 from effect_ledger.service.attempts import AttemptResult, attempt_refusal, report_payload
@@ -50,9 +51,11 @@ async def _facts(connection: Any, token_hash: str, roles: frozenset[Role], attem
     now = gate_store.required_time(document["now"])
     effect = gate_store.effect_of(document["effect"], document["attempts"])
     assert effect is not None
+    attempt = next(a for a in effect.attempts if a.attempt_id == attempt_id)
+    if foreign_attempts(principal, [attempt]):
+        raise not_owned(principal, [attempt_id])
     if any(lifecycle.lease_expired(a, now) for a in effect.attempts):
         raise Fallback("a lease ran out: the general path records the expiry")
-    attempt = next(a for a in effect.attempts if a.attempt_id == attempt_id)
     return AttemptFacts(
         principal, now, effect, attempt, gate_store.contract_of(document["pinned"]), document["reservations"]
     )
@@ -85,7 +88,9 @@ async def report(
         usage = budget_rules.validate_amounts(
             report.usage, "succeeded.usage", budget_rules.STANDARD_DIMENSIONS, keep_zero=True
         )
-        report = replace(report, usage=usage)
+        assert facts.pinned is not None, "an effect's pinned contract revision is never deleted"
+        # Usage below the contract's floor posts the floor: the caller cannot lower its count.
+        report = replace(report, usage=budget_rules.floored_usage(usage, facts.pinned.default_estimate))
     effect, attempt = facts.effect, facts.attempt
     transition = lifecycle.apply_report(attempt, report, facts.now)
     payload = report_payload(effect, attempt, report)

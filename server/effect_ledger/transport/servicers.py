@@ -13,10 +13,10 @@ import grpc
 from effect_ledger.config import Limits
 from effect_ledger.domain.contracts import check_text
 from effect_ledger.domain.lifecycle import Report, ReportKind
-from effect_ledger.domain.model import Principal, Role
+from effect_ledger.domain.model import RECONCILING_ROLES, Principal, Role
 from effect_ledger.errors import InvalidArgument, PermissionDenied, Unauthenticated
 from effect_ledger.service import authorize_fast, reports_fast, runs, tools
-from effect_ledger.service.attempts import parse_receipt
+from effect_ledger.service.attempts import parse_lookup, parse_receipt
 from effect_ledger.service.authorize import AuthorizeRequest, validate_authorize
 from effect_ledger.service.gate import Gate
 from effect_ledger.storage import repository as repo
@@ -29,6 +29,9 @@ T = TypeVar("T")
 EVERY_ROLE = frozenset(Role)
 AGENTS = frozenset({Role.AGENT})
 AGENTS_AND_ADMINS = frozenset({Role.AGENT, Role.ADMIN})
+# Who may call the RPCs that act on an attempt; whose attempt it may be is the gate's rule
+# (gate_rules.foreign_attempts): agents act on their own, reconciling roles on any.
+ATTEMPT_ACTORS = frozenset({Role.AGENT}) | RECONCILING_ROLES
 ADMINS = frozenset({Role.ADMIN})
 TOKEN_LENGTH_MAX = 512
 
@@ -220,7 +223,7 @@ class GateServicer(gate_pb2_grpc.GateServicer):
         try:
             return await self.app.call_driver(
                 context,
-                lambda driver, hashed: reports_fast.report(self.gate, driver, hashed, AGENTS, attempt_id, make_report),
+                lambda driver, hashed: reports_fast.report(self.gate, driver, hashed, ATTEMPT_ACTORS, attempt_id, make_report),
             )
         except authorize_fast.Fallback:
             return None  # nothing was written
@@ -230,7 +233,7 @@ class GateServicer(gate_pb2_grpc.GateServicer):
         result = await self._fast_report(context, request.attempt_id, lambda now: report)
         if result is None:
             result = await self.app.call(
-                context, AGENTS, lambda unit, principal: self.gate.report(unit, principal, request.attempt_id, report)
+                context, ATTEMPT_ACTORS, lambda unit, principal: self.gate.report(unit, principal, request.attempt_id, report)
             )
         return mapping.attempt_response(result)
 
@@ -240,13 +243,13 @@ class GateServicer(gate_pb2_grpc.GateServicer):
             try:
                 result = await self.app.call_driver(
                     context,
-                    lambda driver, hashed: reports_fast.renew_lease(self.gate, driver, hashed, AGENTS, request.attempt_id),
+                    lambda driver, hashed: reports_fast.renew_lease(self.gate, driver, hashed, ATTEMPT_ACTORS, request.attempt_id),
                 )
             except authorize_fast.Fallback:
                 result = None
         if result is None:
             result = await self.app.call(
-                context, AGENTS, lambda unit, principal: self.gate.renew_lease(unit, principal, request.attempt_id)
+                context, ATTEMPT_ACTORS, lambda unit, principal: self.gate.renew_lease(unit, principal, request.attempt_id)
             )
         return mapping.attempt_response(result)
 
@@ -262,7 +265,7 @@ class GateServicer(gate_pb2_grpc.GateServicer):
         async def work(unit: UnitOfWork, principal: Principal):
             return await self.gate.report(unit, principal, request.attempt_id, self._report(request, which, unit.now))
 
-        return mapping.attempt_response(await self.app.call(context, AGENTS, work))
+        return mapping.attempt_response(await self.app.call(context, ATTEMPT_ACTORS, work))
 
     def _report(self, request, which: str, now: Any) -> Report:
         if which == "succeeded":
@@ -291,7 +294,7 @@ class GateServicer(gate_pb2_grpc.GateServicer):
         result = await self._fast_report(context, request.attempt_id, lambda now: report)
         if result is None:
             result = await self.app.call(
-                context, AGENTS, lambda unit, principal: self.gate.report(unit, principal, request.attempt_id, report)
+                context, ATTEMPT_ACTORS, lambda unit, principal: self.gate.report(unit, principal, request.attempt_id, report)
             )
         return mapping.attempt_response(result)
 
@@ -303,15 +306,20 @@ class GateServicer(gate_pb2_grpc.GateServicer):
         async def work(unit: UnitOfWork, principal: Principal):
             receipt = None
             reason = ""
+            lookup = None
             if which == "receipt":
                 receipt = parse_receipt(
                     request.receipt.provider_reference, request.receipt.detail_json, unit.now, self.app.limits, "receipt"
                 )
             else:
-                    reason = check_text(request.not_happened.reason, "not_happened.reason", required=True)
-            return await self.gate.reconcile(unit, principal, request.effect_id, receipt, reason)
+                reason = check_text(request.not_happened.reason, "not_happened.reason", required=True)
+                lookup = parse_lookup(
+                    request.not_happened.lookup_reference, request.not_happened.lookup_result_json,
+                    self.app.limits, "not_happened",
+                )
+            return await self.gate.reconcile(unit, principal, request.effect_id, receipt, reason, lookup)
 
-        effect = await self.app.call(context, AGENTS_AND_ADMINS, work)
+        effect = await self.app.call(context, ATTEMPT_ACTORS, work)
         return mapping.effect_to_proto(effect)
 
     async def GetEffect(self, request, context):

@@ -154,10 +154,14 @@ class AttemptResponse(_message.Message):
 class ReconcileEffectRequest(_message.Message):
     __slots__ = ("effect_id", "receipt", "not_happened")
     class NotHappened(_message.Message):
-        __slots__ = ("reason",)
+        __slots__ = ("reason", "lookup_reference", "lookup_result_json")
         REASON_FIELD_NUMBER: _ClassVar[int]
+        LOOKUP_REFERENCE_FIELD_NUMBER: _ClassVar[int]
+        LOOKUP_RESULT_JSON_FIELD_NUMBER: _ClassVar[int]
         reason: str
-        def __init__(self, reason: _Optional[str] = ...) -> None: ...
+        lookup_reference: str
+        lookup_result_json: bytes
+        def __init__(self, reason: _Optional[str] = ..., lookup_reference: _Optional[str] = ..., lookup_result_json: _Optional[bytes] = ...) -> None: ...
     EFFECT_ID_FIELD_NUMBER: _ClassVar[int]
     RECEIPT_FIELD_NUMBER: _ClassVar[int]
     NOT_HAPPENED_FIELD_NUMBER: _ClassVar[int]
