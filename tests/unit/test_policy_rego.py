@@ -32,8 +32,12 @@ test_planted_crashes if {
 """
 
 
-def test_every_shipped_rego_test_passes():
-    results = run_policy_tests(POLICY_DIR)
+ENGINES = ["embedded", "opa"]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_every_shipped_rego_test_passes(engine):
+    results = run_policy_tests(POLICY_DIR, engine)
     failed = [f"{r.file}::{r.name}: {r.detail}" for r in results if not r.passed]
     assert failed == []
     assert len(results) >= 10
@@ -49,8 +53,9 @@ def planted_copy(tmp_path) -> Path:
     return copy
 
 
-def test_a_planted_failing_test_is_reported_as_failed(planted_copy):
-    results = {(r.file, r.name): r for r in run_policy_tests(planted_copy)}
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_planted_failing_test_is_reported_as_failed(planted_copy, engine):
+    results = {(r.file, r.name): r for r in run_policy_tests(planted_copy, engine)}
     planted = {
         name: result
         for (file, name), result in results.items()

@@ -17,17 +17,40 @@ contract := {
 	"retired": false,
 }
 
+# The input as the service builds it (docs/policy-input.md), for a new effect.
 base := {
+	"version": 1,
 	"now": "2026-11-29T12:00:00.000000Z",
 	"principal": {"id": "agent-1", "tenant": "acme", "roles": ["agent"]},
-	"run": {"id": "run_1", "created_by": "agent-1", "revision": 4},
-	"request": {"tool": "email.send", "target": "mailto:bob@example.com", "idempotency_key": "k1", "arguments": {"subject": "hi"}},
+	"run": {"id": "run_1", "created_by": "agent-1", "revision": 4, "labels": {}, "world": "LIVE", "segment": 1, "parent_run_id": "", "pending_reconciliation": []},
+	"request": {"tool": "email.send", "target": "mailto:bob@example.com", "idempotency_key": "k1", "intent_digest": "d", "arguments": {"subject": "hi"}, "estimate": {}},
 	"contract": contract,
 	"pinned_contract": null,
 	"effect": null,
-	"ledger": {"verdict": "NEW_EFFECT", "creates_attempt": true},
+	"ledger": {"verdict": "NEW_EFFECT", "creates_attempt": true, "reasons": []},
 	"run_open_effects": [],
+	"run_open_effects_truncated": false,
 	"target_unknown_effects": [],
+	"estimate": {},
+	"budgets": [],
+	"approvals": [],
+}
+
+malformed := {"outcome": "DENY", "reasons": [{"code": "INPUT_MALFORMED", "message": "a fact the policy relies on is missing or has the wrong type"}]}
+
+# Each fact a rule relies on, removed: DENY, on every engine.
+test_denies_when_any_relied_on_fact_is_missing if {
+	every key in ["now", "principal", "run", "request", "contract", "effect", "ledger", "target_unknown_effects", "budgets", "approvals"] {
+		gate.decision.outcome == "DENY" with input as object.remove(base, [key])
+		"INPUT_MALFORMED" in {r.code | some r in gate.decision.reasons} with input as object.remove(base, [key])
+	}
+}
+
+test_denies_when_a_nested_fact_is_missing_or_mistyped if {
+	gate.decision == malformed with input as with_fact("principal", {"id": "agent-1", "tenant": "acme", "roles": "agent"}) with data.effectledger.gate.is_agent as true
+	gate.decision.outcome == "DENY" with input as with_fact("ledger", {"verdict": "NEW_EFFECT", "reasons": []})
+	gate.decision.outcome == "DENY" with input as with_fact("run", object.remove(base.run, ["pending_reconciliation"]))
+	gate.decision.outcome == "DENY" with input as with_fact("request", object.remove(base.request, ["tool"]))
 }
 
 allow := {"outcome": "ALLOW", "reasons": []}
