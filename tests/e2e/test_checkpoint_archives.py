@@ -492,3 +492,84 @@ def test_an_archive_of_another_tenant_is_refused(server, database_url, exported)
     retargeted = tar_files(with_manifest(files, lambda m: m.__setitem__("run_id", own_run)))
     assert_refused(other_stub, other_agent.runs, own_run, retargeted, "FAILED_PRECONDITION", "manifest.json")
     assert other_agent.runs.GetRun(runs_pb2.GetRunRequest(run_id=own_run)).revision == revision
+
+
+# --- every byte, the manifest's own fields, and a pinned digest ------------------------------
+
+
+def _consistent(files: dict[str, bytes], change) -> dict[str, bytes]:
+    """The files with the manifest changed by ``change(manifest)`` and everything derivable made
+    to agree again: README.md regenerated, the manifest's file digests recomputed. What is left
+    to catch such a forgery is what cannot be derived: a pinned digest, a signature, and fields
+    that appear twice."""
+    from effect_ledger.domain.checkpoints import readme_text
+
+    manifest = json.loads(files["manifest.json"])
+    change(manifest)
+    core = {k: v for k, v in manifest.items() if k != "files"}
+    ledger = {
+        name[len("ledger/") : -len(".json")]: json.loads(content)
+        for name, content in files.items() if name.startswith("ledger/")
+    }
+    readme = readme_text(core, json.loads(files["state.json"]), ledger).encode("utf-8")
+    changed = {**files, "README.md": readme}
+    manifest["files"] = {name: sha256(content) for name, content in sorted(changed.items()) if name != "manifest.json"}
+    return {**changed, "manifest.json": canonical_bytes(manifest)}
+
+
+def test_fifty_random_single_byte_corruptions_are_all_refused(exported):
+    """Any byte of the archive (member contents, tar headers, padding, the trailer), changed:
+    refused, naming the part, and nothing written."""
+    import random
+
+    rng = random.Random(20261130)
+    positions = sorted(rng.sample(range(len(exported.archive)), 50))
+    named = set()
+    for position in positions:
+        corrupted = bytearray(exported.archive)
+        corrupted[position] ^= rng.randrange(1, 256)
+        before_ids = checkpoint_ids(exported.stub, exported.run_id)
+        before_revision = exported.agent.runs.GetRun(runs_pb2.GetRunRequest(run_id=exported.run_id)).revision
+        try:
+            import_archive(exported.stub, bytes(corrupted))
+        except Exception as error:  # noqa: BLE001 - the LedgerError is inspected below
+            code = error.grpc_code.name  # type: ignore[attr-defined]
+            assert code in ("INVALID_ARGUMENT", "FAILED_PRECONDITION"), (position, code, error)
+            component = error.metadata.get("component")  # type: ignore[attr-defined]
+            assert component, (position, error)
+            named.add(component)
+        else:
+            raise AssertionError(f"a corruption at byte {position} of {len(exported.archive)} was imported")
+        assert checkpoint_ids(exported.stub, exported.run_id) == before_ids
+        assert exported.agent.runs.GetRun(runs_pb2.GetRunRequest(run_id=exported.run_id)).revision == before_revision
+    assert len(named) >= 2, named  # the parts hit are named, not one blanket answer
+
+
+def test_a_changed_policy_revision_contradicts_the_ledger(exported):
+    files = _consistent(exported.files, lambda m: m.__setitem__("policy_revision", m["policy_revision"][:-1] + "0"))
+    assert_refused(
+        exported.stub, exported.agent.runs, exported.run_id, tar_files(files), "INVALID_ARGUMENT", "ledger/policy.json"
+    )
+
+
+def test_a_changed_revision_is_refused_when_the_digest_is_pinned(exported):
+    """A revision rewritten with everything derivable made to agree is the forgery a pinned
+    digest exists for: the importer passes the digest it got from the exporter."""
+    forged = tar_files(_consistent(exported.files, lambda m: m.__setitem__("revision", m["revision"] + 2)))
+    pinned = exported.checkpoint.manifest_digest
+    before_ids = checkpoint_ids(exported.stub, exported.run_id)
+    with raises_error("FAILED_PRECONDITION", "ARCHIVE_REFUSED"):
+        exported.stub.ImportCheckpoint(
+            iter([checkpoints_pb2.ArchiveChunk(data=forged, expected_manifest_digest=pinned)])
+        )
+    assert raises_error.last.metadata["component"] == "manifest.json"
+    assert checkpoint_ids(exported.stub, exported.run_id) == before_ids
+    # The genuine archive with the same pin imports.
+    chunks_pinned = chunks(exported.archive)
+    chunks_pinned[0].expected_manifest_digest = pinned
+    assert exported.stub.ImportCheckpoint(iter(chunks_pinned)).run_id == exported.run_id
+
+
+def test_manifest_fields_of_the_wrong_type_are_invalid(exported):
+    files = _consistent(exported.files, lambda m: m.__setitem__("revision", "abc"))
+    assert_refused(exported.stub, exported.agent.runs, exported.run_id, tar_files(files), "INVALID_ARGUMENT", "manifest.json")

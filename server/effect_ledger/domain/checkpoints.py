@@ -390,17 +390,35 @@ def read_archive(data: bytes) -> dict[str, bytes]:
             raise _bad(name, f"cannot be read: {error}") from None
 
 
-def verify_archive(data: bytes, *, tenant_id: str, verify_signature: Any | None) -> VerifiedArchive:
+def _parse_member(raw: bytes, *, field: str, **options: Any) -> Any:
+    """``parse_json`` for an archive member; its error names the member as the component."""
+    try:
+        return parse_json(raw, field=field, **options)
+    except InvalidArgument as error:
+        error.metadata["component"] = field
+        raise
+
+
+def verify_archive(
+    data: bytes, *, tenant_id: str, verify_signature: Any | None, expected_manifest_digest: str = ""
+) -> VerifiedArchive:
     """Check everything, write nothing: the first bad component is named in the error.
 
     ``verify_signature(manifest_bytes, signature_bytes)`` raises when a signature does not match;
-    when it is given, an unsigned archive is refused.
+    when it is given, an unsigned archive is refused. ``expected_manifest_digest``: the digest of
+    the manifest's own fields (without its file list) that the importer expects.
+
+    An archive of the current format must be exactly what this service exports: its members'
+    digests are in the manifest, the manifest's own fields have their types, fields that appear
+    twice agree (the policy revision in the manifest and in ledger/policy.json; README.md is
+    derived from the manifest, state and ledger), and the tar itself is the canonical one built
+    from those members, so no byte of it can change unnoticed.
     """
     files = read_archive(data)
     if "manifest.json" not in files:
         raise _bad("manifest.json", "is missing")
     manifest_bytes = files["manifest.json"]
-    manifest = parse_json(manifest_bytes, field="manifest.json", size_max_bytes=ARCHIVE_FILE_SIZE_MAX_BYTES)
+    manifest = _parse_member(manifest_bytes, field="manifest.json", size_max_bytes=ARCHIVE_FILE_SIZE_MAX_BYTES)
     if canonical_bytes(manifest) != manifest_bytes:
         raise _bad("manifest.json", "is not in RFC 8785 canonical form")
     version = manifest.get("format_version")
@@ -431,14 +449,14 @@ def verify_archive(data: bytes, *, tenant_id: str, verify_signature: Any | None)
             verify_signature(manifest_bytes, files[SIGNATURE_FILE])
         except Exception:  # noqa: BLE001 - any verification failure refuses the archive
             raise _bad(SIGNATURE_FILE, "does not verify against the configured key") from None
-    state = parse_json(files["state.json"], field="state.json", size_max_bytes=ARCHIVE_FILE_SIZE_MAX_BYTES, require_object=False)
+    state = _parse_member(files["state.json"], field="state.json", size_max_bytes=ARCHIVE_FILE_SIZE_MAX_BYTES, require_object=False)
     ledger = {}
     for name in listed:
         if name.startswith("ledger/") and name.endswith(".json"):
-            ledger[name[len("ledger/") : -len(".json")]] = parse_json(
+            ledger[name[len("ledger/") : -len(".json")]] = _parse_member(
                 files[name], field=name, size_max_bytes=ARCHIVE_FILE_SIZE_MAX_BYTES, require_object=False
             )
-    refs_json = parse_json(files["artifacts.json"], field="artifacts.json", size_max_bytes=ARCHIVE_FILE_SIZE_MAX_BYTES, require_object=False)
+    refs_json = _parse_member(files["artifacts.json"], field="artifacts.json", size_max_bytes=ARCHIVE_FILE_SIZE_MAX_BYTES, require_object=False)
     try:
         refs = [ArtifactRef(r["name"], r["digest"], ArtifactClass(r["classification"])) for r in refs_json]
     except (KeyError, TypeError, ValueError):
@@ -448,7 +466,34 @@ def verify_archive(data: bytes, *, tenant_id: str, verify_signature: Any | None)
     problems = manifest_problems(core, state, ledger, refs)
     if problems:
         raise _bad(problems[0], "does not match the manifest")
+    if expected_manifest_digest and section_digest(core) != expected_manifest_digest:
+        raise _bad("manifest.json", "does not have the manifest digest the importer expects", precondition=True)
+    if version == FORMAT_VERSION:
+        _check_current_format(data, files, core, state, ledger)
     return VerifiedArchive(core, manifest_bytes, state, ledger, refs, signed)
+
+
+MANIFEST_TEXT_FIELDS = ("tenant_id", "run_id", "checkpoint_id", "sealed_at", "policy_revision", "state_digest")
+
+
+def _check_current_format(
+    data: bytes, files: dict[str, bytes], core: dict[str, Any], state: Any, ledger: dict[str, Any]
+) -> None:
+    """The rest of what an archive of the current format must satisfy (see verify_archive)."""
+    for name in MANIFEST_TEXT_FIELDS:
+        if not isinstance(core.get(name), str):
+            raise _bad("manifest.json", f"{name} must be a string")
+    revision = core.get("revision")
+    if not isinstance(revision, int) or isinstance(revision, bool) or revision < 0:
+        raise _bad("manifest.json", "revision must be a non-negative integer")
+    policy = ledger.get("policy")
+    if not isinstance(policy, dict) or policy.get("revision") != core["policy_revision"]:
+        raise _bad("ledger/policy.json", "its revision disagrees with the manifest's policy_revision")
+    if files.get("README.md") != readme_text(core, state, ledger).encode("utf-8"):
+        raise _bad("README.md", "does not describe this manifest, state and ledger")
+    members = {name: content for name, content in files.items() if name != SIGNATURE_FILE}
+    if build_archive(members, files.get(SIGNATURE_FILE)) != data:
+        raise _bad("archive", "is not the canonical tar of its members (a header, padding or trailer byte changed)")
 
 
 # --- format migrations ---------------------------------------------------------------------

@@ -386,11 +386,19 @@ def export_archive(record: CheckpointRecord, sign: Callable[[bytes], bytes] | No
 
 
 async def import_archive(
-    unit: UnitOfWork, principal: Principal, data: bytes, verify: Callable[[bytes, bytes], None] | None
+    unit: UnitOfWork,
+    principal: Principal,
+    data: bytes,
+    verify: Callable[[bytes, bytes], None] | None,
+    expected_manifest_digest: str = "",
 ) -> CheckpointRecord:
     """Verify everything first; then write the run (if new), the checkpoint, and a derived
     current-format checkpoint when the archive is of an older format."""
-    verified = rules.verify_archive(data, tenant_id=principal.tenant_id, verify_signature=verify)
+    if expected_manifest_digest:
+        rules.check_digest(expected_manifest_digest, "expected_manifest_digest")
+    verified = rules.verify_archive(
+        data, tenant_id=principal.tenant_id, verify_signature=verify, expected_manifest_digest=expected_manifest_digest
+    )
     manifest = verified.manifest
     ledger, notes = rules.migrate_to_current(manifest, verified.ledger)
     run_id = manifest["run_id"]

@@ -240,8 +240,19 @@ class CheckpointsServicer(checkpoints_pb2_grpc.CheckpointsServicer):
 
     async def ImportCheckpoint(self, request_iterator, context):
         received = bytearray()
+        expected = ""
         async for chunk in request_iterator:
             received.extend(chunk.data)
+            if chunk.expected_manifest_digest:
+                if expected and chunk.expected_manifest_digest != expected:
+                    await context.abort_with_status(
+                        status.to_status(
+                            InvalidArgument.field(
+                                "expected_manifest_digest", "chunks name different digests", reason="ARCHIVE_INVALID"
+                            )
+                        )
+                    )
+                expected = chunk.expected_manifest_digest
             if len(received) > rules.ARCHIVE_SIZE_MAX_BYTES:
                 await context.abort_with_status(
                     status.to_status(
@@ -251,7 +262,7 @@ class CheckpointsServicer(checkpoints_pb2_grpc.CheckpointsServicer):
         data = bytes(received)
         try:
             record = await self.app.call(
-                context, AGENTS_AND_ADMINS, lambda unit, principal: checkpoints.import_archive(unit, principal, data, self.verify)
+                context, AGENTS_AND_ADMINS, lambda unit, principal: checkpoints.import_archive(unit, principal, data, self.verify, expected)
             )
         except LedgerError as error:
             await context.abort_with_status(status.to_status(error))

@@ -296,10 +296,12 @@ class ExportCheckpointRequest(_message.Message):
     def __init__(self, checkpoint_id: _Optional[str] = ...) -> None: ...
 
 class ArchiveChunk(_message.Message):
-    __slots__ = ("data",)
+    __slots__ = ("data", "expected_manifest_digest")
     DATA_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_MANIFEST_DIGEST_FIELD_NUMBER: _ClassVar[int]
     data: bytes
-    def __init__(self, data: _Optional[bytes] = ...) -> None: ...
+    expected_manifest_digest: str
+    def __init__(self, data: _Optional[bytes] = ..., expected_manifest_digest: _Optional[str] = ...) -> None: ...
 
 class PutArtifactRequest(_message.Message):
     __slots__ = ("content", "media_type")
