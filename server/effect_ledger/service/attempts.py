@@ -31,6 +31,7 @@ from effect_ledger.domain.model import (
     Principal,
     Receipt,
     Stage,
+    ToolContract,
 )
 from effect_ledger.errors import (
     CommitThenRaise,
@@ -284,7 +285,7 @@ class AttemptReports:
                 raise PermissionDenied(
                     message, reason=reason, metadata={"effect_id": effect_id, "tool": effect.tool}
                 )
-            await self._wait_out_leases(unit, principal, effect, result.settled_attempts, payload)
+            self._wait_out_leases(unit, principal, effect, pinned, result.settled_attempts, payload)
         settled = [a for a in effect.attempts if a.attempt_id in result.settled_attempts]
         for attempt in settled:
             attempt.stage = evidence_stage
@@ -321,13 +322,19 @@ class AttemptReports:
         )
         return effect
 
-    async def _wait_out_leases(
-        self, unit: UnitOfWork, principal: Principal, effect: Effect, settled: tuple[str, ...], payload: dict[str, Any]
+    def _wait_out_leases(
+        self,
+        unit: UnitOfWork,
+        principal: Principal,
+        effect: Effect,
+        pinned: ToolContract,
+        settled: tuple[str, ...],
+        payload: dict[str, Any],
     ) -> None:
         """Refuse "not happened" from anyone but the owner until the grace after the lease ends."""
         grace = self.reconcile_grace_seconds
         if grace < 0:
-            grace = await lease_seconds_of(unit, principal.tenant_id, effect)
+            grace = pinned.lease_seconds
         settle_after = lifecycle.not_happened_settles_after(effect.attempts, settled, principal.principal_id, grace)
         if settle_after is None or settle_after <= unit.now:
             return
