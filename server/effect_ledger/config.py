@@ -35,7 +35,8 @@ class ServerSettings:
     maximum_concurrent_rpcs: int = 256
     grace_seconds: float = 10.0
     lease_sweep_interval_seconds: float = 1.0
-    # With PostgreSQL's autovacuum off, stale planner statistics are refreshed this often.
+    # With PostgreSQL's autovacuum off, stale planner statistics are refreshed and tables with
+    # many dead rows vacuumed this often (by one worker per host).
     statistics_interval_seconds: float = 5.0
     # ReconcileEffect(not_happened) from anyone but an attempt's owner waits this long after the
     # attempt's lease ends (a late sender may still be in flight). Negative: the attempt's own

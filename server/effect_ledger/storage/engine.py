@@ -377,6 +377,39 @@ class Database:
             await connection.commit()
         return list(stale)
 
+    async def vacuum_dead_rows(self) -> list[str]:
+        """PostgreSQL with autovacuum off: VACUUM the tables whose dead rows pass autovacuum's
+        own threshold (``50 + 20 %`` of their rows).
+
+        A budget counter or a run head is updated by every call that reserves or appends. Left
+        unvacuumed, its table keeps every dead version: measured in a soak, the one-row budgets
+        table reached 283 pages after 50,000 updates, each read of it scanned them all (45 ms),
+        and the effect cycle rate fell from about 100/s to 60/s within five minutes.
+        ``SKIP_LOCKED``: a table another replica is vacuuming is left to it. Returns the tables
+        vacuumed (none on SQLite or with autovacuum on).
+        """
+        if self.dialect != "postgresql":
+            return []
+        async with self.engine.connect() as connection:
+            await connection.execution_options(isolation_level="AUTOCOMMIT")
+            autovacuum = (await connection.execute(text("SELECT current_setting('autovacuum')"))).scalar_one()
+            if autovacuum == "on":
+                return []
+            dead = (
+                await connection.execute(
+                    text(
+                        "SELECT s.relname FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid"
+                        " WHERE s.schemaname = current_schema()"
+                        " AND s.n_dead_tup > 50 + 0.2 * greatest(c.reltuples, 0)"
+                        " ORDER BY s.relname"
+                    )
+                )
+            ).scalars().all()
+            for table in dead:
+                quoted = self.engine.dialect.identifier_preparer.quote(table)
+                await connection.execute(text(f"VACUUM (SKIP_LOCKED) {quoted}"))
+        return list(dead)
+
     async def ping(self) -> bool:
         try:
             async with self.engine.connect() as connection:

@@ -169,10 +169,14 @@ async def _lease_sweeper(database: Database, interval: float, batch: int) -> Non
 
 
 async def _statistics_keeper(database: Database, interval: float) -> None:
-    """Keep the planner's statistics fresh where autovacuum does not (see
-    ``Database.refresh_planner_statistics``); at start, then every ``interval`` seconds."""
+    """Do autovacuum's work where it is off: keep the planner's statistics fresh and vacuum
+    tables with many dead rows (see ``Database.refresh_planner_statistics`` and
+    ``Database.vacuum_dead_rows``); at start, then every ``interval`` seconds."""
     while True:
         try:
+            vacuumed = await database.vacuum_dead_rows()
+            if vacuumed:
+                log.debug("vacuumed %s (autovacuum is off)", ", ".join(vacuumed))
             analyzed = await database.refresh_planner_statistics()
             if analyzed:
                 log.debug("analyzed %s (autovacuum is off)", ", ".join(analyzed))
