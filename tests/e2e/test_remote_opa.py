@@ -235,3 +235,38 @@ def test_a_call_without_a_deadline_gets_the_default_one_and_writes_nothing(pg_ur
             assert head.revision == 1, "nothing was written"
     finally:
         server.stop()
+
+
+def test_reconciliation_is_decided_by_the_remote_policy_and_fails_closed(opa_server, standin, pg_url):
+    """ReconcileEffect asks OPA for data.effectledger.reconcile.decision; when OPA gives no
+    answer the effect stays as it was."""
+    from support import not_happened, raises_error, stage_name, unknown
+
+    tenant = new_tenant(pg_url)
+    tenant.add("operator", "operator")
+    admin, agent = tenant.client(opa_server, "admin"), tenant.client(opa_server, "agent")
+    operator = tenant.client(opa_server, "operator")
+    admin.tools.PutToolContract(
+        contract("payment.manual", effect_class=common_pb2.COMPENSATABLE, provider_idempotency=False,
+                 allowed_recovery=(common_pb2.MANUAL_ONLY,))
+    )
+    run_id = new_run(agent)
+    effects = []
+    for key in ("k-down", "k-up"):
+        allowed = agent.gate.AuthorizeEffect(authorize_request(run_id, key, tool="payment.manual", target=f"bank:{key}"))
+        agent.gate.RecordDispatch(gate_pb2.RecordDispatchRequest(attempt_id=allowed.attempt_id))
+        agent.gate.RecordOutcome(unknown(allowed.attempt_id))
+        effects.append(allowed.effect_id)
+
+    standin.set_mode("no_result")
+    with raises_error("UNAVAILABLE", "POLICY_UNDEFINED"):
+        operator.gate.ReconcileEffect(not_happened(effects[0]))
+    assert stage_name(agent.gate.GetEffect(gate_pb2.GetEffectRequest(effect_id=effects[0])).stage) == "UNKNOWN"
+
+    standin.set_mode("normal")
+    settled = operator.gate.ReconcileEffect(not_happened(effects[1]))
+    assert stage_name(settled.stage) == "FAILED"
+    events = agent.runs.ListRunEvents(runs_pb2.ListRunEventsRequest(run_id=run_id, page_size=1000)).events
+    (reconciled,) = [json.loads(e.payload_json) for e in events if e.type == "effect.reconciled"]
+    decision = agent.gate.GetDecision(gate_pb2.GetDecisionRequest(decision_id=reconciled["decision_id"]))
+    assert decision.engine == "opa-remote" and outcome_name(decision) == "ALLOW"

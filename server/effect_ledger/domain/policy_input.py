@@ -100,3 +100,58 @@ def build_policy_input(
         "budgets": budgets,
         "approvals": approvals,
     }
+
+
+def build_reconcile_input(
+    *,
+    now: Any,
+    principal: Principal,
+    effect: Effect,
+    contract: ToolContract,
+    evidence_kind: str,
+    reason: str,
+    lookup_reference: str,
+    has_lookup_result: bool,
+    settled: list[Any],
+    refusals: list[dict[str, str]],
+) -> dict[str, Any]:
+    """The input of ``data.effectledger.reconcile.decision`` (docs/policy-input.md,
+    "ReconcileEffect"). Caller data is only under ``evidence`` (what it says the provider
+    answered); ``by_owner`` and everything else come from the ledger."""
+    owners = {attempt.principal_id for attempt in settled if attempt.principal_id}
+    return {
+        "version": INPUT_VERSION,
+        "now": timestamp_text(now),
+        "principal": {
+            "id": principal.principal_id,
+            "tenant": principal.tenant_id,
+            "roles": sorted(role.value for role in principal.roles),
+        },
+        "effect": {
+            "id": effect.effect_id,
+            "run_id": effect.run_id,
+            "tool": effect.tool,
+            "tool_revision": effect.tool_revision,
+            "stage": effect.stage.value,
+            "idempotency_key": effect.idempotency_key,
+        },
+        "contract": contract.as_policy_fact(),
+        "evidence": {
+            "kind": evidence_kind,
+            "reason": reason,
+            "by_owner": principal.principal_id in owners,
+            "lookup_reference": lookup_reference,
+            "has_lookup_result": has_lookup_result,
+        },
+        "attempts": [
+            {
+                "attempt_id": attempt.attempt_id,
+                "number": attempt.number,
+                "stage": attempt.stage.value,
+                "principal_id": attempt.principal_id,
+                "lease_expires_at": timestamp_text(attempt.lease_expires_at),
+            }
+            for attempt in settled
+        ],
+        "ledger": {"refusals": refusals},
+    }

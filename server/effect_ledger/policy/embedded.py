@@ -33,6 +33,10 @@ ENGINE_NAME = "embedded-regorus"
 QUERY = "data." + DECISION_PACKAGE.replace("/", ".") + "." + DECISION_RULE
 
 
+def query_of(package: str) -> str:
+    return "data." + package.replace("/", ".") + "." + DECISION_RULE
+
+
 def load_engine(policy_dir: Path) -> tuple[regorus.Engine, str]:
     files = policy_files(policy_dir)
     if not files:
@@ -64,22 +68,25 @@ class EmbeddedRegoEngine:
     async def revision(self) -> str:
         return self._revision
 
-    async def evaluate(self, policy_input: dict[str, Any], input_json: bytes | None = None) -> PolicyDecision:
+    async def evaluate(
+        self, policy_input: dict[str, Any], input_json: bytes | None = None, package: str = DECISION_PACKAGE
+    ) -> PolicyDecision:
         engine, revision = self._engine, self._revision
+        query = QUERY if package == DECISION_PACKAGE else query_of(package)
         try:
             engine.set_input_json(input_json.decode("utf-8") if input_json is not None else json.dumps(policy_input))
-            value = engine.eval_rule(QUERY)
+            value = engine.eval_rule(query)
         except Exception as error:  # noqa: BLE001 - any engine fault fails closed
             if str(error).startswith("not a valid rule path"):
                 # regorus's answer when the policy has no such rule; OPA calls it undefined.
-                raise undefined(f"{QUERY} is undefined (no such rule)") from error
+                raise undefined(f"{query} is undefined (no such rule)") from error
             # The first line only: the rest is the engine's stack trace, logged, never sent.
             log.warning("embedded policy evaluation failed: %s", error)
             first_line = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
             raise PolicyUnavailable(
                 f"the embedded policy engine failed: {first_line}", metadata={"engine": ENGINE_NAME}
             ) from error
-        return parse_decision(value, engine=ENGINE_NAME, revision=revision)
+        return parse_decision(value, engine=ENGINE_NAME, revision=revision, package=package)
 
     async def close(self) -> None:
         return None

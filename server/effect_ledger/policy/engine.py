@@ -17,6 +17,8 @@ from effect_ledger.domain.model import Outcome, Reason
 from effect_ledger.errors import PolicyUnavailable
 
 DECISION_PACKAGE = "effectledger/gate"
+# ReconcileEffect's decision: data.effectledger.reconcile.decision (ALLOW or DENY).
+RECONCILE_PACKAGE = "effectledger/reconcile"
 DECISION_RULE = "decision"
 POLICY_OUTCOMES = {Outcome.ALLOW, Outcome.DENY, Outcome.REQUIRE_APPROVAL}
 REASONS_MAX = 32
@@ -61,9 +63,9 @@ def undefined(detail: str) -> PolicyUnavailable:
     )
 
 
-def parse_decision(value: Any, *, engine: str, revision: str) -> PolicyDecision:
+def parse_decision(value: Any, *, engine: str, revision: str, package: str = DECISION_PACKAGE) -> PolicyDecision:
     if value is None:
-        raise undefined("data.effectledger.gate.decision is undefined")
+        raise undefined(f"data.{package.replace('/', '.')}.decision is undefined")
     if not isinstance(value, dict):
         raise undefined(f"the decision is a {type(value).__name__}, not an object")
     outcome_text = value.get("outcome")

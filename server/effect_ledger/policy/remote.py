@@ -87,11 +87,13 @@ class RemoteOpaEngine:
             self._revision_at = time.monotonic()
         return self._revision
 
-    async def evaluate(self, policy_input: dict[str, Any], input_json: bytes | None = None) -> PolicyDecision:
+    async def evaluate(
+        self, policy_input: dict[str, Any], input_json: bytes | None = None, package: str = DECISION_PACKAGE
+    ) -> PolicyDecision:
         revision = await self.revision()
         try:
             response = await asyncio.wait_for(
-                self._client.query_rule(policy_input, DECISION_PACKAGE, DECISION_RULE),
+                self._client.query_rule(policy_input, package, DECISION_RULE),
                 self.timeout_seconds,
             )
         except TimeoutError as error:
@@ -100,7 +102,7 @@ class RemoteOpaEngine:
             raise _unavailable(f"{type(error).__name__}: {error}") from error
         if not isinstance(response, dict):
             raise undefined("the response is not a JSON object")
-        return parse_decision(response.get("result"), engine=ENGINE_NAME, revision=revision)
+        return parse_decision(response.get("result"), engine=ENGINE_NAME, revision=revision, package=package)
 
     async def close(self) -> None:
         await self._client.close_connection()

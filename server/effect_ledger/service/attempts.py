@@ -9,7 +9,7 @@ from typing import Any
 from effect_ledger.config import Limits
 from effect_ledger.domain import budgets as budget_rules
 from effect_ledger.domain import lifecycle
-from effect_ledger.domain.canonical import parse_json, receipt_digest
+from effect_ledger.domain.canonical import canonical_bytes, parse_json, receipt_digest, sha256_hex
 from effect_ledger.domain.contracts import (
     check_identifier,
     check_text,
@@ -28,18 +28,23 @@ from effect_ledger.domain.model import (
     Decision,
     Effect,
     FailureEvidence,
+    Outcome,
     Principal,
+    Reason,
     Receipt,
     Stage,
     ToolContract,
 )
+from effect_ledger.domain.policy_input import build_reconcile_input
 from effect_ledger.errors import (
     CommitThenRaise,
     FailedPrecondition,
+    LedgerError,
     NotFound,
     PermissionDenied,
     PreconditionViolation,
 )
+from effect_ledger.policy.engine import RECONCILE_PACKAGE, PolicyEngine, undefined
 from effect_ledger.service import budgets
 from effect_ledger.service.budgets import Settlement
 from effect_ledger.service.leases import (
@@ -114,6 +119,7 @@ class AttemptReports:
 
     limits: Limits
     reconcile_grace_seconds: float
+    policy: PolicyEngine
 
     async def report(
         self, unit: UnitOfWork, principal: Principal, attempt_id: str, report: Report
@@ -243,15 +249,18 @@ class AttemptReports:
         not_happened_reason: str,
         lookup: LookupEvidence | None = None,
     ) -> Effect:
+        """Settle an open or unknown effect with evidence: a gated decision, like AuthorizeEffect.
+
+        The service's own rules (attempt ownership; who may say "not happened" and when) give
+        its verdict; policy (``data.effectledger.reconcile.decision``) sees that verdict and can
+        only refuse more. Either way the answer is recorded as a decision; a refusal commits that
+        decision (and nothing of the effect) before it is answered.
+        """
         check_identifier(effect_id, "effect_id")
         tenant = principal.tenant_id
         effect = await locked_effect(unit, principal, effect_id)
-        foreign = foreign_attempts(principal, [a for a in effect.attempts if a.stage in OPEN_STAGES])
-        if foreign:
-            raise not_owned(principal, [a.attempt_id for a in foreign])
         evidence_stage = Stage.SUCCEEDED if receipt is not None else Stage.FAILED
-        result = lifecycle.reconcile(effect, evidence_stage, receipt)
-        payload = {
+        payload: dict[str, Any] = {
             "effect_id": effect.effect_id,
             "evidence": evidence_stage.value,
             "receipt": receipt_fact(receipt),
@@ -260,33 +269,55 @@ class AttemptReports:
         }
         if lookup is not None:
             payload["lookup"] = {"reference": lookup.reference, "result": lookup.result}
-        if result.refused_reason:
-            unit.record_event(
-                tenant, effect.run_id, "effect.reconcile_refused",
-                {**payload, "refused_reason": result.refused_reason}, principal.principal_id,
-            )
-            raise CommitThenRaise(
-                FailedPrecondition(
-                    result.refused_message,
-                    reason=result.refused_reason,
-                    violations=[PreconditionViolation(result.refused_reason, f"effect/{effect_id}", result.refused_message)],
-                    metadata={"effect_id": effect_id, "stage": effect.stage.value},
+        foreign = foreign_attempts(principal, [a for a in effect.attempts if a.stage in OPEN_STAGES])
+        refusal: LedgerError | None = not_owned(principal, [a.attempt_id for a in foreign]) if foreign else None
+        refusal_event: dict[str, Any] | None = None
+        settled_ids: tuple[str, ...] = ()
+        if refusal is None:
+            result = lifecycle.reconcile(effect, evidence_stage, receipt)
+            if result.refused_reason:
+                unit.record_event(
+                    tenant, effect.run_id, "effect.reconcile_refused",
+                    {**payload, "refused_reason": result.refused_reason}, principal.principal_id,
                 )
-            )
-        if not result.applied:
-            return effect
-        if receipt is None:
-            pinned = await repo.contract_revision(unit.connection, tenant, effect.tool, effect.tool_revision)
-            assert pinned is not None, "an effect's pinned contract revision is never deleted"
-            open_attempts = [a for a in effect.attempts if a.attempt_id in result.settled_attempts]
-            refusal = not_happened_refusal(pinned, principal, open_attempts, lookup)
-            if refusal is not None:
-                reason, message = refusal
-                raise PermissionDenied(
-                    message, reason=reason, metadata={"effect_id": effect_id, "tool": effect.tool}
+                raise CommitThenRaise(
+                    FailedPrecondition(
+                        result.refused_message,
+                        reason=result.refused_reason,
+                        violations=[PreconditionViolation(result.refused_reason, f"effect/{effect_id}", result.refused_message)],
+                        metadata={"effect_id": effect_id, "stage": effect.stage.value},
+                    )
                 )
-            self._wait_out_leases(unit, principal, effect, pinned, result.settled_attempts, payload)
-        settled = [a for a in effect.attempts if a.attempt_id in result.settled_attempts]
+            if not result.applied:
+                return effect
+            settled_ids = result.settled_attempts
+        pinned = await repo.contract_revision(unit.connection, tenant, effect.tool, effect.tool_revision)
+        assert pinned is not None, "an effect's pinned contract revision is never deleted"
+        settled = [a for a in effect.attempts if a.attempt_id in settled_ids]
+        if refusal is None and receipt is None:
+            answer = not_happened_refusal(pinned, principal, settled, lookup)
+            if answer is not None:
+                code, message = answer
+                refusal = PermissionDenied(message, reason=code, metadata={"effect_id": effect_id, "tool": effect.tool})
+            else:
+                refusal, refusal_event = self._lease_wait_refusal(unit, principal, effect, pinned, settled_ids, payload)
+        decision = await self._reconcile_decision(
+            unit, principal, effect, pinned, receipt, not_happened_reason, lookup,
+            settled or [a for a in effect.attempts if a.stage in OPEN_STAGES], refusal,
+        )
+        payload["decision_id"] = decision.decision_id
+        if decision.outcome != Outcome.ALLOW:
+            if refusal is None:
+                codes = ",".join(r.code for r in decision.reasons)
+                refusal = PermissionDenied(
+                    "policy refused to settle this effect: " + "; ".join(r.message for r in decision.reasons)[:512],
+                    reason=decision.reasons[0].code if decision.reasons else "POLICY_DENIED",
+                    metadata={"effect_id": effect_id, "policy_reasons": codes},
+                )
+            if refusal_event is not None:
+                unit.record_event(tenant, effect.run_id, "effect.reconcile_refused", {**refusal_event, "decision_id": decision.decision_id}, principal.principal_id)
+            refusal.metadata["decision_id"] = decision.decision_id
+            raise CommitThenRaise(refusal)
         for attempt in settled:
             attempt.stage = evidence_stage
             attempt.finished_at = unit.now
@@ -317,12 +348,61 @@ class AttemptReports:
             await budgets.settle(unit, tenant, settled, Settlement.VOID)
         unit.record_event(
             tenant, effect.run_id, "effect.reconciled",
-            {**payload, "attempts": list(result.settled_attempts), "stage": effect.stage.value},
+            {**payload, "attempts": list(settled_ids), "stage": effect.stage.value},
             principal.principal_id,
         )
         return effect
 
-    def _wait_out_leases(
+    async def _reconcile_decision(
+        self,
+        unit: UnitOfWork,
+        principal: Principal,
+        effect: Effect,
+        pinned: ToolContract,
+        receipt: Receipt | None,
+        reason: str,
+        lookup: LookupEvidence | None,
+        attempts: list[Attempt],
+        refusal: LedgerError | None,
+    ) -> Decision:
+        """Evaluate the reconcile policy on the ledger's facts and the service's verdict, and
+        record the decision (DENY when either refuses)."""
+        refusals = [] if refusal is None else [{"code": refusal.reason, "message": refusal.message}]
+        policy_input = build_reconcile_input(
+            now=unit.now, principal=principal, effect=effect, contract=pinned,
+            evidence_kind="receipt" if receipt is not None else "not_happened", reason=reason,
+            lookup_reference=lookup.reference if lookup is not None else "", has_lookup_result=lookup is not None,
+            settled=attempts, refusals=refusals,
+        )
+        input_bytes = canonical_bytes(policy_input)
+        answer = await self.policy.evaluate(policy_input, input_bytes, RECONCILE_PACKAGE)
+        if answer.outcome not in (Outcome.ALLOW, Outcome.DENY):
+            raise undefined(f"the reconcile policy may answer ALLOW or DENY, not {answer.outcome.value}")
+        outcome, reasons = answer.outcome, answer.reasons
+        if refusal is not None and outcome == Outcome.ALLOW:
+            # Policy cannot overrule the service (a policy that ignores input.ledger.refusals).
+            outcome, reasons = Outcome.DENY, (Reason(refusal.reason, refusal.message),)
+        decision = Decision(
+            decision_id=repo.new_id("dec"),
+            run_id=effect.run_id,
+            effect_id=effect.effect_id,
+            attempt_id=None,
+            outcome=outcome,
+            reasons=reasons,
+            policy_revision=answer.revision,
+            engine=answer.engine,
+            input_digest=sha256_hex(input_bytes),
+            input_json=input_bytes,
+            intent_digest=effect.intent_digest,
+            idempotency_key=effect.idempotency_key,
+            principal_id=principal.principal_id,
+            tool=effect.tool,
+            created_at=unit.now,
+        )
+        await repo.insert_decision(unit.connection, principal.tenant_id, decision)
+        return decision
+
+    def _lease_wait_refusal(
         self,
         unit: UnitOfWork,
         principal: Principal,
@@ -330,35 +410,31 @@ class AttemptReports:
         pinned: ToolContract,
         settled: tuple[str, ...],
         payload: dict[str, Any],
-    ) -> None:
-        """Refuse "not happened" from anyone but the owner until the grace after the lease ends."""
+    ) -> tuple[LedgerError | None, dict[str, Any] | None]:
+        """Refuse "not happened" from anyone but the owner until the grace after the lease ends:
+        the error and the trace event's payload, or (None, None)."""
         grace = self.reconcile_grace_seconds
         if grace < 0:
             grace = pinned.lease_seconds
         settle_after = lifecycle.not_happened_settles_after(effect.attempts, settled, principal.principal_id, grace)
         if settle_after is None or settle_after <= unit.now:
-            return
+            return None, None
         message = (
             f"an attempt of another principal may still be in flight: not_happened is accepted from it "
             f"at any time, from others after {settle_after.isoformat()} (its lease end plus {grace:g} s)"
         )
-        unit.record_event(
-            principal.tenant_id, effect.run_id, "effect.reconcile_refused",
-            {**payload, "refused_reason": "RECONCILE_TOO_EARLY", "settle_after": settle_after.isoformat()},
-            principal.principal_id,
+        event = {**payload, "refused_reason": "RECONCILE_TOO_EARLY", "settle_after": settle_after.isoformat()}
+        error = FailedPrecondition(
+            message,
+            reason="RECONCILE_TOO_EARLY",
+            violations=[PreconditionViolation("RECONCILE_TOO_EARLY", f"effect/{effect.effect_id}", message)],
+            metadata={
+                "effect_id": effect.effect_id,
+                "stage": effect.stage.value,
+                "settle_after": settle_after.isoformat(),
+            },
         )
-        raise CommitThenRaise(
-            FailedPrecondition(
-                message,
-                reason="RECONCILE_TOO_EARLY",
-                violations=[PreconditionViolation("RECONCILE_TOO_EARLY", f"effect/{effect.effect_id}", message)],
-                metadata={
-                    "effect_id": effect.effect_id,
-                    "stage": effect.stage.value,
-                    "settle_after": settle_after.isoformat(),
-                },
-            )
-        )
+        return error, event
 
     async def get_effect(self, unit: UnitOfWork, principal: Principal, effect_id: str) -> Effect:
         check_identifier(effect_id, "effect_id")
