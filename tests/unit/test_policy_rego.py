@@ -42,7 +42,7 @@ def test_every_shipped_rego_test_passes(engine):
     assert failed == []
     assert len(results) >= 10
     assert len({(r.file, r.name) for r in results}) == len(results)
-    assert {r.file for r in results} == {"effectledger/gate/gate_test.rego"}
+    assert {r.file for r in results} == {"effectledger/gate/gate_test.rego", "effectledger/reconcile/reconcile_test.rego"}
 
 
 @pytest.fixture
