@@ -1,4 +1,4 @@
-"""The ``effect-ledger`` command: serve, migrate, principal add, verify, policy-test.
+"""The ``effect-ledger`` command: serve, migrate, principal add, checkpoint-keys, verify, policy-test.
 
 Every flag can also be set as an ``EFFECT_LEDGER_<FLAG>`` environment variable
 (``--database-url`` -> ``EFFECT_LEDGER_DATABASE_URL``); a flag given on the command line wins.
@@ -248,6 +248,75 @@ def command_principal_set_roles(options: argparse.Namespace) -> int:
     return 0
 
 
+# --- checkpoint keys -----------------------------------------------------------------------
+
+
+def checkpoint_keys(url: str, action: str, argument: str = "", note: str = "") -> list[dict[str, str]]:
+    """list, rotate, trust (a public key file of another deployment) or forget (a key id)."""
+    from effect_ledger.domain import signing
+    from effect_ledger.storage import key_store
+    from effect_ledger.storage.engine import Database, create_async
+
+    trusted = signing.public_key(Path(argument).read_bytes(), source=argument) if action == "trust" else None
+
+    async def work(unit):  # type: ignore[no-untyped-def]
+        if action == "rotate":
+            await key_store.rotate(unit.connection, unit.now, note or "rotated")
+        elif trusted is not None:
+            key_id, pem = trusted
+            await key_store.add(unit.connection, key_id=key_id, public_key=pem, private_key=None,
+                                note=note or f"trusted from {Path(argument).name}", now=unit.now)
+        elif action == "forget":
+            keys = await key_store.list_keys(unit.connection)
+            signer = key_store.active(keys)
+            if signer is not None and signer.key_id == argument:
+                raise SystemExit(f"key {argument} signs exports; rotate first, then forget it")
+            if not await key_store.forget(unit.connection, argument):
+                raise SystemExit(f"no checkpoint key {argument!r}")
+        elif action == "export-public":
+            key = await key_store.ensure_signing_key(unit.connection, unit.now)
+            return [{"public_key": key.public_key}]
+        keys = await key_store.list_keys(unit.connection)
+        signer = key_store.active(keys)
+        return [
+            {
+                "key_id": key.key_id,
+                "kind": "own" if key.own else "trusted",
+                "state": "signs" if key is signer else ("retired" if key.own else "verifies"),
+                "created_at": key.created_at.isoformat(),
+                "retired_at": key.retired_at.isoformat() if key.retired_at else "",
+                "note": key.note,
+            }
+            for key in keys
+        ]
+
+    async def main() -> list[dict[str, str]]:
+        database = Database(create_async(DatabaseSettings(url)))
+        try:
+            return await database.run(work)
+        finally:
+            await database.dispose()
+
+    return asyncio.run(main())
+
+
+def command_checkpoint_keys(options: argparse.Namespace) -> int:
+    url = _database_url(options)
+    _migrate(url)
+    argument = getattr(options, "argument", "")
+    try:
+        rows = checkpoint_keys(url, options.keys_command, argument, getattr(options, "note", ""))
+    except (InvalidArgument, OSError) as error:
+        print(f"effect-ledger: {error}", file=sys.stderr)
+        return 2
+    if options.keys_command == "export-public":
+        print(rows[0]["public_key"], end="")
+        return 0
+    for row in rows:
+        print(json.dumps(row, sort_keys=True))
+    return 0
+
+
 # --- verify --------------------------------------------------------------------------------
 
 
@@ -378,6 +447,26 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--id", required=True)
         sub.add_argument("--role", action="append", required=True, choices=[r.value for r in Role])
         sub.set_defaults(handler=handler)
+
+    keys = commands.add_parser(
+        "checkpoint-keys",
+        help="the deployment's checkpoint signing keys (kept in the database): list, rotate, trust, forget",
+    )
+    keys_commands = keys.add_subparsers(dest="keys_command", required=True)
+    for name, help_text in (
+        ("list", "list the keys: the one that signs, retired ones (still verify), trusted keys of others"),
+        ("rotate", "a new key signs exports from now on; the previous one is retired and still verifies"),
+        ("trust", "accept archives signed by another deployment (its public key, PEM: `export-public` there)"),
+        ("forget", "stop accepting archives signed by a key (by key id); the signing key cannot be forgotten"),
+        ("export-public", "print the public key that signs this deployment's exports (PEM)"),
+    ):
+        sub = keys_commands.add_parser(name, help=help_text)
+        _database_argument(sub)
+        if name in ("trust", "forget"):
+            sub.add_argument("argument", metavar="PUBLIC_KEY_PEM" if name == "trust" else "KEY_ID")
+        if name in ("rotate", "trust"):
+            sub.add_argument("--note", default="", help="a note kept with the key")
+        sub.set_defaults(handler=command_checkpoint_keys)
 
     verify = commands.add_parser("verify", help="walk every run's hash chain")
     _database_argument(verify)

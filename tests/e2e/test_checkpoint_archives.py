@@ -26,6 +26,7 @@ from support import (
 )
 
 from effect_ledger.domain.canonical import canonical_bytes
+from effect_ledger.errors import LedgerError
 from effect_ledger.domain.checkpoints import ARCHIVE_FILE_SIZE_MAX_BYTES, ARCHIVE_FILES_MAX, SIGNATURE_FILE
 from effectledger.v1 import approvals_pb2, budgets_pb2, checkpoints_pb2, common_pb2, gate_pb2, runs_pb2
 
@@ -62,8 +63,10 @@ def export(stub, checkpoint_id: str) -> bytes:
     return b"".join(c.data for c in stub.ExportCheckpoint(checkpoints_pb2.ExportCheckpointRequest(checkpoint_id=checkpoint_id)))
 
 
-def import_archive(stub, data: bytes) -> checkpoints_pb2.Checkpoint:
-    return stub.ImportCheckpoint(iter(chunks(data)))
+def import_archive(stub, data: bytes, allow_unsigned: bool = False) -> checkpoints_pb2.Checkpoint:
+    parts = chunks(data)
+    parts[0].allow_unsigned = allow_unsigned
+    return stub.ImportCheckpoint(iter(parts))
 
 
 def read_members(data: bytes) -> dict[str, bytes]:
@@ -121,14 +124,16 @@ def checkpoint_ids(stub, run_id: str) -> list[str]:
             return found
 
 
-def assert_refused(stub, runs, run_id: str, data: bytes, code: str, component: str) -> None:
-    """The import fails with ``code`` naming ``component``; the run has no new checkpoint and
-    no new trace event."""
+def assert_refused(
+    stub, runs, run_id: str, data: bytes, code: str, component: str, *, reason: str = "", allow_unsigned: bool = False
+) -> None:
+    """The import fails with ``code`` (and ``reason``, by default the archive's) naming
+    ``component``; the run has no new checkpoint and no new trace event."""
     before_ids = checkpoint_ids(stub, run_id)
     before_revision = runs.GetRun(runs_pb2.GetRunRequest(run_id=run_id)).revision
-    reason = "ARCHIVE_INVALID" if code == "INVALID_ARGUMENT" else "ARCHIVE_REFUSED"
+    reason = reason or ("ARCHIVE_INVALID" if code == "INVALID_ARGUMENT" else "ARCHIVE_REFUSED")
     with raises_error(code, reason):
-        import_archive(stub, data)
+        import_archive(stub, data, allow_unsigned)
     error = raises_error.last
     assert error.metadata.get("component") == component, (error.metadata, error.message)
     if code == "INVALID_ARGUMENT":
@@ -146,6 +151,7 @@ def assert_refused(stub, runs, run_id: str, data: bytes, code: str, component: s
 class Exported:
     tenant: object
     stub: object
+    admin_stub: object
     agent: object
     run_id: str
     checkpoint: checkpoints_pb2.Checkpoint
@@ -194,7 +200,7 @@ def seal_and_export(server, tenant) -> Exported:
         )
     )
     return Exported(
-        tenant=tenant, stub=stub, agent=agent, run_id=run_id, checkpoint=sealed, unknown_effect_id=sent.effect_id,
+        tenant=tenant, stub=stub, admin_stub=checkpoints_stub(server, tenant.tokens["admin"]), agent=agent, run_id=run_id, checkpoint=sealed, unknown_effect_id=sent.effect_id,
         approval_id=approval.approval_id, budget_id=budget.budget_id, artifact_digest=artifact.digest,
         archive=export(stub, sealed.checkpoint_id),
     )
@@ -212,7 +218,7 @@ def exported(server, database_url) -> Exported:
 
 def test_export_holds_exactly_the_documented_files(exported):
     files = exported.files
-    assert set(files) == EXPECTED_FILES
+    assert set(files) == EXPECTED_FILES | {SIGNATURE_FILE}
     with tarfile.open(fileobj=io.BytesIO(exported.archive), mode="r:") as archive:
         for member in archive.getmembers():
             assert member.isreg() and not member.name.startswith("/") and ".." not in member.name.split("/")
@@ -457,12 +463,26 @@ def test_a_tampered_archive_is_refused_before_any_write(exported, case):
     build, code, component = TAMPERED[case]
     data = build(exported.files)
     assert data != exported.archive
-    assert_refused(exported.stub, exported.agent.runs, exported.run_id, data, code, component)
+    # As an agent: refused, naming the part, or the signature when the change got past the file
+    # digests (the manifest it signs changed, or it was taken away); nothing written.
+    before_ids = checkpoint_ids(exported.stub, exported.run_id)
+    with pytest.raises(LedgerError) as caught:
+        import_archive(exported.stub, data)
+    error = caught.value
+    seen = (error.grpc_code.name, error.metadata.get("component"))
+    signature_refusal = ("FAILED_PRECONDITION", SIGNATURE_FILE)
+    assert seen in ((code, component), signature_refusal), (seen, error.message)
+    if seen == signature_refusal:
+        assert error.reason in ("CHECKPOINT_UNSIGNED", "CHECKPOINT_SIGNER_UNKNOWN")
+    assert checkpoint_ids(exported.stub, exported.run_id) == before_ids
+    # As an admin who imports unsigned archives on purpose: every layer behind the signature
+    # still refuses, naming the part.
+    assert_refused(exported.admin_stub, exported.agent.runs, exported.run_id, data, code, component, allow_unsigned=True)
 
 
 def test_a_signature_file_is_not_a_way_to_smuggle_content(exported):
-    """Without a verification key a manifest.sig is tolerated, but it adds nothing: tampering
-    beside it is still refused."""
+    """A manifest.sig that verifies nothing adds nothing: tampering beside it is refused, naming
+    the tampered part (file digests are checked before the signature)."""
     files = {**exported.files, SIGNATURE_FILE: b"\0" * 64}
     assert_refused(
         exported.stub, exported.agent.runs, exported.run_id,
@@ -499,9 +519,11 @@ def test_an_archive_of_another_tenant_is_refused(server, database_url, exported)
 
 def _consistent(files: dict[str, bytes], change) -> dict[str, bytes]:
     """The files with the manifest changed by ``change(manifest)`` and everything derivable made
-    to agree again: README.md regenerated, the manifest's file digests recomputed. What is left
-    to catch such a forgery is what cannot be derived: a pinned digest, a signature, and fields
-    that appear twice."""
+    to agree again: README.md regenerated, the manifest's file digests recomputed, the signature
+    dropped (a forger has no trusted key). What is left to catch such a forgery is what cannot be
+    derived: the signature (an unsigned archive is refused, see test_checkpoint_signing), and
+    for an admin who imports it unsigned on purpose, a pinned digest and fields that appear
+    twice."""
     from effect_ledger.domain.checkpoints import readme_text
 
     manifest = json.loads(files["manifest.json"])
@@ -512,7 +534,8 @@ def _consistent(files: dict[str, bytes], change) -> dict[str, bytes]:
         for name, content in files.items() if name.startswith("ledger/")
     }
     readme = readme_text(core, json.loads(files["state.json"]), ledger).encode("utf-8")
-    changed = {**files, "README.md": readme}
+    changed = {name: content for name, content in files.items() if name != SIGNATURE_FILE}
+    changed["README.md"] = readme
     manifest["files"] = {name: sha256(content) for name, content in sorted(changed.items()) if name != "manifest.json"}
     return {**changed, "manifest.json": canonical_bytes(manifest)}
 
@@ -548,7 +571,8 @@ def test_fifty_random_single_byte_corruptions_are_all_refused(exported):
 def test_a_changed_policy_revision_contradicts_the_ledger(exported):
     files = _consistent(exported.files, lambda m: m.__setitem__("policy_revision", m["policy_revision"][:-1] + "0"))
     assert_refused(
-        exported.stub, exported.agent.runs, exported.run_id, tar_files(files), "INVALID_ARGUMENT", "ledger/policy.json"
+        exported.admin_stub, exported.agent.runs, exported.run_id, tar_files(files), "INVALID_ARGUMENT",
+        "ledger/policy.json", allow_unsigned=True,
     )
 
 
@@ -559,8 +583,8 @@ def test_a_changed_revision_is_refused_when_the_digest_is_pinned(exported):
     pinned = exported.checkpoint.manifest_digest
     before_ids = checkpoint_ids(exported.stub, exported.run_id)
     with raises_error("FAILED_PRECONDITION", "ARCHIVE_REFUSED"):
-        exported.stub.ImportCheckpoint(
-            iter([checkpoints_pb2.ArchiveChunk(data=forged, expected_manifest_digest=pinned)])
+        exported.admin_stub.ImportCheckpoint(
+            iter([checkpoints_pb2.ArchiveChunk(data=forged, expected_manifest_digest=pinned, allow_unsigned=True)])
         )
     assert raises_error.last.metadata["component"] == "manifest.json"
     assert checkpoint_ids(exported.stub, exported.run_id) == before_ids
@@ -572,4 +596,7 @@ def test_a_changed_revision_is_refused_when_the_digest_is_pinned(exported):
 
 def test_manifest_fields_of_the_wrong_type_are_invalid(exported):
     files = _consistent(exported.files, lambda m: m.__setitem__("revision", "abc"))
-    assert_refused(exported.stub, exported.agent.runs, exported.run_id, tar_files(files), "INVALID_ARGUMENT", "manifest.json")
+    assert_refused(
+        exported.admin_stub, exported.agent.runs, exported.run_id, tar_files(files), "INVALID_ARGUMENT", "manifest.json",
+        allow_unsigned=True,
+    )

@@ -5,8 +5,11 @@ The committed fixture ``tests/fixtures/checkpoint-format1.tar`` (written by
 keeps the original (format 1, as stored) and derives a current-format checkpoint from it; what
 format 1 did not record (budgets, approval quorum) becomes unknown, never a default.
 
-The test databases live for the whole pytest session, so the run the fixture names may already
-exist when a test imports it: the import attaches to it.
+The fixture is unsigned, as archives of the first format were. The tests sign it with a key of
+an "older deployment" that the test database is told to trust (``checkpoint-keys trust``), the
+way an operator carries archives over; the refusal of unsigned archives is shown in
+test_checkpoint_signing.py. The test databases live for the whole pytest session, so the run the
+fixture names may already exist when a test imports it: the import attaches to it.
 """
 
 from __future__ import annotations
@@ -19,11 +22,14 @@ import tarfile
 import uuid
 
 import pytest
-from e2e.test_checkpoint_archives import checkpoint_ids, export, import_archive, read_members
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from e2e.test_checkpoint_archives import checkpoint_ids, export, import_archive, read_members, tar_files
 from support import REPO, Tenant, checkpoints_stub, new_tenant, raises_error
 
 from effect_ledger.client import LedgerClient
 from effect_ledger.domain.canonical import canonical_bytes
+from effect_ledger.domain.checkpoints import SIGNATURE_FILE
 from effectledger.v1 import checkpoints_pb2, runs_pb2
 
 FIXTURE_DIR = REPO / "tests" / "fixtures"
@@ -43,8 +49,27 @@ script = _script()
 
 
 @pytest.fixture(scope="module")
-def fixture_bytes() -> bytes:
-    return FIXTURE.read_bytes()
+def older_deployment_key(database_url, tmp_path_factory) -> Ed25519PrivateKey:
+    """A key of the deployment that wrote the fixture, trusted by the test database."""
+    from effect_ledger.cli import checkpoint_keys
+
+    key = Ed25519PrivateKey.generate()
+    public = tmp_path_factory.mktemp("older-deployment") / "older.pub.pem"
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    checkpoint_keys(database_url, "trust", str(public), "the deployment that wrote format-1 archives")
+    return key
+
+
+def signed_by(key: Ed25519PrivateKey, data: bytes) -> bytes:
+    """The archive with manifest.sig added: the key's signature of its manifest."""
+    files = read_members(data)
+    files[SIGNATURE_FILE] = key.sign(files["manifest.json"])
+    return tar_files(files)
+
+
+@pytest.fixture(scope="module")
+def fixture_bytes(older_deployment_key) -> bytes:
+    return signed_by(older_deployment_key, FIXTURE.read_bytes())
 
 
 @pytest.fixture
@@ -79,7 +104,8 @@ def fixture_files(data: bytes) -> dict[str, bytes]:
     return read_members(data)
 
 
-def test_the_fixture_is_what_the_script_writes(fixture_bytes):
+def test_the_fixture_is_what_the_script_writes():
+    fixture_bytes = FIXTURE.read_bytes()
     assert script.build() == fixture_bytes, "run tests/fixtures/make_checkpoint_format1.py"
     files = fixture_files(fixture_bytes)
     assert set(files) == {"manifest.json", "state.json", "artifacts.json", "README.md", "ledger/effects.json",

@@ -1,8 +1,11 @@
 """Signed checkpoint archives, on PostgreSQL and on SQLite.
 
-A server started with ``--checkpoint-signing-key`` and ``--checkpoint-verification-key`` signs
-the manifest of every export (``manifest.sig``: Ed25519 over the manifest's exact bytes) and
-refuses any import whose manifest its key does not verify, before writing anything.
+Every export carries ``manifest.sig``: Ed25519 over the manifest's exact bytes, by the
+deployment's own key (generated at the first start and kept in the database) or by the key
+given with ``--checkpoint-signing-key``. An import is accepted when a key the deployment trusts
+signed it (its own keys, retired ones included, keys it was told to trust, and
+``--checkpoint-verification-key``). Anything else is refused before anything is written, unless
+an admin asks for it explicitly (``allow_unsigned``), and then only as a new run.
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from e2e.test_checkpoint_archives import (
     EXPECTED_FILES,
+    _consistent,
+    seal_and_export,
     assert_refused,
     checkpoint_ids,
     export,
@@ -26,7 +31,7 @@ from e2e.test_checkpoint_archives import (
     tar_files,
     with_manifest,
 )
-from support import ServerProcess, checkpoints_stub, new_run, new_tenant
+from support import ServerProcess, checkpoints_stub, new_run, new_tenant, raises_error
 
 from effect_ledger.domain.canonical import canonical_bytes
 from effect_ledger.domain.checkpoints import SIGNATURE_FILE
@@ -88,8 +93,8 @@ class Signed:
     def files(self) -> dict[str, bytes]:
         return read_members(self.archive)
 
-    def refused(self, data: bytes, code: str, component: str) -> None:
-        assert_refused(self.stub, self.agent.runs, self.run_id, data, code, component)
+    def refused(self, data: bytes, code: str, component: str, reason: str = "") -> None:
+        assert_refused(self.stub, self.agent.runs, self.run_id, data, code, component, reason=reason)
 
 
 @pytest.fixture(scope="module")
@@ -114,25 +119,37 @@ def test_an_export_carries_a_signature_of_its_manifest_and_imports(signed, keys)
     assert checkpoint_ids(signed.stub, signed.run_id) == sorted(before + [imported.checkpoint_id])
 
 
-def test_the_plain_server_exports_unsigned_archives(signed):
-    """The control for the unsigned case: the same checkpoint through the server without keys."""
+def deployment_public_key(database_url: str) -> Ed25519PublicKey:
+    """The key that signs the default server's exports, as the operator's CLI prints it."""
+    from effect_ledger.cli import checkpoint_keys
+
+    key = serialization.load_pem_public_key(checkpoint_keys(database_url, "export-public")[0]["public_key"].encode())
+    assert isinstance(key, Ed25519PublicKey)
+    return key
+
+
+def test_the_default_server_signs_with_the_deployment_key(signed, database_url):
+    """The server without key options signs too, with the key it generated at its first start;
+    the other server on the same database trusts that key (it is in the database)."""
     plain = export(signed.plain_stub, signed.first.checkpoint_id)
     plain_files = read_members(plain)
-    assert set(plain_files) == EXPECTED_FILES
+    assert set(plain_files) == EXPECTED_FILES | {SIGNATURE_FILE}
     assert plain_files["manifest.json"] == signed.files["manifest.json"]
-    signed.refused(plain, "FAILED_PRECONDITION", SIGNATURE_FILE)
+    deployment_public_key(database_url).verify(plain_files[SIGNATURE_FILE], plain_files["manifest.json"])
+    assert plain_files[SIGNATURE_FILE] != signed.files[SIGNATURE_FILE]  # not the configured key
+    assert import_archive(signed.stub, plain).run_id == signed.run_id
 
 
 def test_an_unsigned_archive_is_refused(signed):
     files = signed.files
     del files[SIGNATURE_FILE]
-    signed.refused(tar_files(files), "FAILED_PRECONDITION", SIGNATURE_FILE)
+    signed.refused(tar_files(files), "FAILED_PRECONDITION", SIGNATURE_FILE, "CHECKPOINT_UNSIGNED")
 
 
 def test_a_signature_from_another_key_is_refused(signed, keys):
     files = signed.files
     files[SIGNATURE_FILE] = keys["other"].sign(files["manifest.json"])
-    signed.refused(tar_files(files), "INVALID_ARGUMENT", SIGNATURE_FILE)
+    signed.refused(tar_files(files), "FAILED_PRECONDITION", SIGNATURE_FILE, "CHECKPOINT_SIGNER_UNKNOWN")
 
 
 def test_a_swapped_signature_is_refused(signed, keys):
@@ -142,22 +159,22 @@ def test_a_swapped_signature_is_refused(signed, keys):
     files = signed.files
     assert other[SIGNATURE_FILE] != files[SIGNATURE_FILE]
     files[SIGNATURE_FILE] = other[SIGNATURE_FILE]
-    signed.refused(tar_files(files), "INVALID_ARGUMENT", SIGNATURE_FILE)
+    signed.refused(tar_files(files), "FAILED_PRECONDITION", SIGNATURE_FILE, "CHECKPOINT_SIGNER_UNKNOWN")
 
 
 def test_a_malformed_signature_is_refused(signed):
     for garbage in (b"", b"\0" * 64, flip(signed.files[SIGNATURE_FILE], 0), b"not a signature"):
         files = signed.files
         files[SIGNATURE_FILE] = garbage
-        signed.refused(tar_files(files), "INVALID_ARGUMENT", SIGNATURE_FILE)
+        signed.refused(tar_files(files), "FAILED_PRECONDITION", SIGNATURE_FILE, "CHECKPOINT_SIGNER_UNKNOWN")
 
 
 def test_a_modified_manifest_with_the_original_signature_is_refused(signed, keys):
     # A field no file digest covers.
     changed = with_manifest(signed.files, lambda m: m.__setitem__("sealed_at", "2000-01-01T00:00:00.000000Z"))
-    signed.refused(tar_files(changed), "INVALID_ARGUMENT", SIGNATURE_FILE)
+    signed.refused(tar_files(changed), "FAILED_PRECONDITION", SIGNATURE_FILE, "CHECKPOINT_SIGNER_UNKNOWN")
     changed = with_manifest(signed.files, lambda m: m.__setitem__("revision", m["revision"] + 1))
-    signed.refused(tar_files(changed), "INVALID_ARGUMENT", SIGNATURE_FILE)
+    signed.refused(tar_files(changed), "FAILED_PRECONDITION", SIGNATURE_FILE, "CHECKPOINT_SIGNER_UNKNOWN")
 
     # A consistent forgery: new state, its file digest and its content digest all updated. Only
     # the signature can tell, and it does.
@@ -168,12 +185,44 @@ def test_a_modified_manifest_with_the_original_signature_is_refused(signed, keys
         manifest["state_digest"] = sha256(canonical_bytes(json.loads(forged_state)))
 
     forged = with_manifest({**signed.files, "state.json": forged_state}, forge)
-    signed.refused(tar_files(forged), "INVALID_ARGUMENT", SIGNATURE_FILE)
+    signed.refused(tar_files(forged), "FAILED_PRECONDITION", SIGNATURE_FILE, "CHECKPOINT_SIGNER_UNKNOWN")
     # The same forgery without the signature is refused as unsigned; re-signed by the wrong key, too.
     unsigned = {k: v for k, v in forged.items() if k != SIGNATURE_FILE}
-    signed.refused(tar_files(unsigned), "FAILED_PRECONDITION", SIGNATURE_FILE)
+    signed.refused(tar_files(unsigned), "FAILED_PRECONDITION", SIGNATURE_FILE, "CHECKPOINT_UNSIGNED")
     resigned = {**forged, SIGNATURE_FILE: keys["other"].sign(forged["manifest.json"])}
-    signed.refused(tar_files(resigned), "INVALID_ARGUMENT", SIGNATURE_FILE)
+    signed.refused(tar_files(resigned), "FAILED_PRECONDITION", SIGNATURE_FILE, "CHECKPOINT_SIGNER_UNKNOWN")
+
+
+def test_a_planted_archive_is_refused_and_an_admin_may_only_import_it_as_a_new_run(server, database_url):
+    """The forgery of the report, on the default server: an agent rewrites an exported archive's
+    revision and makes everything derivable agree. Unsigned, it is refused to the agent, with or
+    without allow_unsigned; an admin who asks for it explicitly cannot attach it to the existing
+    run either; only as a new run, whose trace records that no trusted key signed it."""
+    exported = seal_and_export(server, new_tenant(database_url))
+    forged = tar_files(_consistent(exported.files, lambda m: m.__setitem__("revision", m["revision"] + 2)))
+    runs = exported.agent.runs
+    assert_refused(exported.stub, runs, exported.run_id, forged, "FAILED_PRECONDITION", SIGNATURE_FILE,
+                   reason="CHECKPOINT_UNSIGNED")
+    with raises_error("PERMISSION_DENIED", "UNSIGNED_IMPORT_NEEDS_ADMIN"):
+        import_archive(exported.stub, forged, allow_unsigned=True)
+    before = checkpoint_ids(exported.stub, exported.run_id)
+    with raises_error("FAILED_PRECONDITION", "UNSIGNED_IMPORT_INTO_EXISTING_RUN"):
+        import_archive(exported.admin_stub, forged, allow_unsigned=True)
+    assert checkpoint_ids(exported.stub, exported.run_id) == before
+
+    fresh_run = "run_planted_" + exported.run_id[-12:]
+    as_new_run = tar_files(
+        _consistent(exported.files, lambda m: m.update(run_id=fresh_run, revision=m["revision"] + 2))
+    )
+    imported = import_archive(exported.admin_stub, as_new_run, allow_unsigned=True)
+    assert imported.run_id == fresh_run and imported.revision == exported.checkpoint.revision + 2
+    events = exported.tenant.client(server, "admin").runs.ListRunEvents(
+        runs_pb2.ListRunEventsRequest(run_id=fresh_run)
+    ).events
+    created = [json.loads(e.payload_json) for e in events if e.type == "run.imported"]
+    assert created and created[0]["signed_by"] == ""
+    # The genuine archive still imports for the agent, into its own run, signed by the deployment.
+    assert import_archive(exported.stub, exported.archive).run_id == exported.run_id
 
 
 def test_a_tampered_file_beside_a_valid_signature_is_refused(signed):

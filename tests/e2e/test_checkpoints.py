@@ -142,7 +142,8 @@ def test_export_import_round_trip_and_fork(server, tenant):
 
     names = tarfile.open(fileobj=io.BytesIO(archive)).getnames()
     assert set(names) == {"manifest.json", "state.json", "artifacts.json", "README.md", "ledger/effects.json",
-                          "ledger/approvals.json", "ledger/budgets.json", "ledger/tools.json", "ledger/policy.json"}
+                          "ledger/approvals.json", "ledger/budgets.json", "ledger/tools.json", "ledger/policy.json",
+                          "manifest.sig"}  # signed by the deployment's own key
     readme = tarfile.open(fileobj=io.BytesIO(archive)).extractfile("README.md").read().decode()
     assert sent.effect_id in readme and "may have happened" in readme
     imported = checkpoints.ImportCheckpoint(iter([checkpoints_pb2.ArchiveChunk(data=c.data) for c in chunks]))

@@ -20,6 +20,7 @@ import tarfile
 from dataclasses import dataclass, field
 from typing import Any
 
+from effect_ledger.domain import signing
 from effect_ledger.domain.canonical import canonical_bytes, parse_json
 from effect_ledger.errors import FailedPrecondition, InvalidArgument, PreconditionViolation
 
@@ -348,6 +349,7 @@ class VerifiedArchive:
     ledger: dict[str, Any]
     artifacts: list[ArtifactRef]
     signed: bool
+    signer: str | None = None  # the id of the trusted key that signed the manifest
 
 
 def read_archive(data: bytes) -> dict[str, bytes]:
@@ -399,14 +401,34 @@ def _parse_member(raw: bytes, *, field: str, **options: Any) -> Any:
         raise
 
 
+def unsigned_refusal(signed: bool) -> FailedPrecondition:
+    code = "CHECKPOINT_SIGNER_UNKNOWN" if signed else "CHECKPOINT_UNSIGNED"
+    what = "is signed by no key this deployment trusts" if signed else "is not signed"
+    return FailedPrecondition(
+        f"{SIGNATURE_FILE}: the archive {what}; an admin may import it as a new run with allow_unsigned",
+        reason=code,
+        violations=[PreconditionViolation(code, SIGNATURE_FILE, what)],
+        metadata={"component": SIGNATURE_FILE},
+    )
+
+
 def verify_archive(
-    data: bytes, *, tenant_id: str, verify_signature: Any | None, expected_manifest_digest: str = ""
+    data: bytes,
+    *,
+    tenant_id: str,
+    trusted_keys: dict[str, str],
+    allow_unsigned: bool = False,
+    expected_manifest_digest: str = "",
 ) -> VerifiedArchive:
     """Check everything, write nothing: the first bad component is named in the error.
 
-    ``verify_signature(manifest_bytes, signature_bytes)`` raises when a signature does not match;
-    when it is given, an unsigned archive is refused. ``expected_manifest_digest``: the digest of
-    the manifest's own fields (without its file list) that the importer expects.
+    ``trusted_keys``: public keys (PEM, by key id) whose signature of the manifest
+    (``manifest.sig``) makes the archive trusted; the key that verifies is returned as
+    ``signer``. An archive no trusted key signed is refused (CHECKPOINT_UNSIGNED or
+    CHECKPOINT_SIGNER_UNKNOWN; Ed25519 signatures name no key, so a damaged signature and a
+    stranger's look alike) unless ``allow_unsigned``; what such an archive may then do is the
+    importer's decision (``service.checkpoints.import_archive``). ``expected_manifest_digest``:
+    the digest of the manifest's own fields (without its file list) that the importer expects.
 
     An archive of the current format must be exactly what this service exports: its members'
     digests are in the manifest, the manifest's own fields have their types, fields that appear
@@ -442,13 +464,9 @@ def verify_archive(
             raise _bad(name, "does not match its digest in the manifest")
     if manifest.get("tenant_id") != tenant_id:
         raise _bad("manifest.json", "belongs to another tenant", precondition=True)
-    if verify_signature is not None:
-        if not signed:
-            raise _bad(SIGNATURE_FILE, "is missing and a verification key is configured", precondition=True)
-        try:
-            verify_signature(manifest_bytes, files[SIGNATURE_FILE])
-        except Exception:  # noqa: BLE001 - any verification failure refuses the archive
-            raise _bad(SIGNATURE_FILE, "does not verify against the configured key") from None
+    signer = signing.signer_of(trusted_keys, manifest_bytes, files.get(SIGNATURE_FILE))
+    if signer is None and not allow_unsigned:
+        raise unsigned_refusal(signed)
     state = _parse_member(files["state.json"], field="state.json", size_max_bytes=ARCHIVE_FILE_SIZE_MAX_BYTES, require_object=False)
     ledger = {}
     for name in listed:
@@ -470,7 +488,7 @@ def verify_archive(
         raise _bad("manifest.json", "does not have the manifest digest the importer expects", precondition=True)
     if version == FORMAT_VERSION:
         _check_current_format(data, files, core, state, ledger)
-    return VerifiedArchive(core, manifest_bytes, state, ledger, refs, signed)
+    return VerifiedArchive(core, manifest_bytes, state, ledger, refs, signed, signer)
 
 
 MANIFEST_TEXT_FIELDS = ("tenant_id", "run_id", "checkpoint_id", "sealed_at", "policy_revision", "state_digest")

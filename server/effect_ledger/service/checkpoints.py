@@ -12,13 +12,15 @@ from effect_ledger.domain.approvals import ApprovalState
 from effect_ledger.domain.canonical import canonical_bytes, parse_json
 from effect_ledger.domain.checkpoints import ArtifactRef, ArtifactStatus, Facts, Verdict
 from effect_ledger.domain.contracts import check_identifier, check_text
-from effect_ledger.domain.model import OPEN_STAGES, Effect, Principal, Stage
+from effect_ledger.domain import signing
+from effect_ledger.domain.model import OPEN_STAGES, Effect, Principal, Role, Stage
 from effect_ledger.domain.trace import timestamp_text
-from effect_ledger.errors import FailedPrecondition, InvalidArgument, NotFound, PreconditionViolation
+from effect_ledger.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, PreconditionViolation
 from effect_ledger.policy.engine import PolicyEngine
 from effect_ledger.domain.gate_rules import expired_in_memory
 from effect_ledger.storage import approval_store, budget_store
 from effect_ledger.storage import checkpoint_store as store
+from effect_ledger.storage import key_store
 from effect_ledger.storage import repository as repo
 from effect_ledger.storage.checkpoint_store import CheckpointRecord
 from effect_ledger.storage.engine import UnitOfWork
@@ -377,32 +379,89 @@ async def fork(unit: UnitOfWork, principal: Principal, checkpoint_id: str, world
 # --- export and import ---------------------------------------------------------------------
 
 
-def export_archive(record: CheckpointRecord, sign: Callable[[bytes], bytes] | None) -> bytes:
+@dataclass(frozen=True)
+class KeySettings:
+    """Checkpoint keys from the server's settings, beside those kept in the database.
+
+    ``signer``: a key pair that signs exports instead of the database's active key
+    (``--checkpoint-signing-key``); ``trusted``: public keys whose signatures imports accept, in
+    addition to every key in the database (``--checkpoint-verification-key``), by key id.
+    """
+
+    signer: signing.KeyPair | None = None
+    trusted: dict[str, str] | None = None
+
+
+async def signing_key(unit: UnitOfWork, settings: KeySettings) -> signing.KeyPair:
+    """The key that signs an export: the configured one, else the deployment's active key
+    (generated and kept in the database when there is none yet)."""
+    if settings.signer is not None:
+        return settings.signer
+    row = await key_store.ensure_signing_key(unit.connection, unit.now)
+    assert row.private_key is not None
+    return signing.KeyPair(row.key_id, row.public_key, row.private_key)
+
+
+async def trusted_keys(unit: UnitOfWork, settings: KeySettings) -> dict[str, str]:
+    keys = {row.key_id: row.public_key for row in await key_store.list_keys(unit.connection)}
+    if settings.signer is not None:
+        keys[settings.signer.key_id] = settings.signer.public_pem
+    keys.update(settings.trusted or {})
+    return keys
+
+
+def export_archive(record: CheckpointRecord, key: signing.KeyPair | None) -> bytes:
     files = rules.archive_files(record.manifest, record.state, record.ledger, record.artifacts)
     manifest = rules.export_manifest(record.manifest, files)
     manifest_bytes = canonical_bytes(manifest)
     files["manifest.json"] = manifest_bytes
-    return rules.build_archive(files, sign(manifest_bytes) if sign else None)
+    return rules.build_archive(files, signing.sign(key.private_pem, manifest_bytes) if key is not None else None)
 
 
 async def import_archive(
     unit: UnitOfWork,
     principal: Principal,
     data: bytes,
-    verify: Callable[[bytes, bytes], None] | None,
+    keys: KeySettings,
     expected_manifest_digest: str = "",
+    allow_unsigned: bool = False,
 ) -> CheckpointRecord:
     """Verify everything first; then write the run (if new), the checkpoint, and a derived
-    current-format checkpoint when the archive is of an older format."""
+    current-format checkpoint when the archive is of an older format.
+
+    An archive whose manifest a trusted key signed imports for agents and admins, into a new run
+    or beside the run's own checkpoints. Any other archive (unsigned, or signed by a key this
+    deployment does not trust) is refused, unless an admin asks for it explicitly
+    (``allow_unsigned``), and even then only as a new run: it never attaches to an existing one.
+    """
     if expected_manifest_digest:
         rules.check_digest(expected_manifest_digest, "expected_manifest_digest")
     verified = rules.verify_archive(
-        data, tenant_id=principal.tenant_id, verify_signature=verify, expected_manifest_digest=expected_manifest_digest
+        data, tenant_id=principal.tenant_id, trusted_keys=await trusted_keys(unit, keys), allow_unsigned=allow_unsigned,
+        expected_manifest_digest=expected_manifest_digest,
     )
+    signer = verified.signer
+    run_id = verified.manifest["run_id"]
+    check_identifier(run_id, "manifest.json: run_id")
+    if signer is None:
+        # Asked for explicitly (verify_archive refuses otherwise): an admin's import of an
+        # archive no trusted key signed, as a new run only.
+        what = "is signed by no key this deployment trusts" if verified.signed else "is not signed"
+        if not principal.has_any(frozenset({Role.ADMIN})):
+            raise PermissionDenied(
+                f"the archive {what}: only an admin may import it (allow_unsigned)",
+                reason="UNSIGNED_IMPORT_NEEDS_ADMIN",
+                metadata={"principal_id": principal.principal_id, "component": rules.SIGNATURE_FILE},
+            )
+        if await repo.get_run(unit.connection, principal.tenant_id, run_id) is not None:
+            raise FailedPrecondition(
+                f"the archive {what}: it may only create a new run, and run {run_id} exists",
+                reason="UNSIGNED_IMPORT_INTO_EXISTING_RUN",
+                violations=[PreconditionViolation("UNSIGNED_IMPORT_INTO_EXISTING_RUN", "manifest.json: run_id", run_id)],
+                metadata={"run_id": run_id, "component": "manifest.json"},
+            )
     manifest = verified.manifest
     ledger, notes = rules.migrate_to_current(manifest, verified.ledger)
-    run_id = manifest["run_id"]
-    check_identifier(run_id, "manifest.json: run_id")
     tenant = principal.tenant_id
     digest = rules.section_digest({**manifest})
     if await repo.get_run(unit.connection, tenant, run_id) is None:
@@ -410,7 +469,11 @@ async def import_archive(
             unit.connection, tenant_id=tenant, run_id=run_id, created_by=principal.principal_id, now=unit.now,
             labels={}, request_id=None,
         )
-        unit.record_event(tenant, run_id, "run.imported", {"manifest_digest": digest, "checkpoint_id": manifest["checkpoint_id"]}, principal.principal_id)
+        unit.record_event(
+            tenant, run_id, "run.imported",
+            {"manifest_digest": digest, "checkpoint_id": manifest["checkpoint_id"], "signed_by": signer or ""},
+            principal.principal_id,
+        )
     original = CheckpointRecord(
         checkpoint_id=repo.new_id("chk"), run_id=run_id, revision=int(manifest["revision"]), status="SEALED",
         format_version=int(manifest["format_version"]), state=verified.state, artifacts=verified.artifacts,
@@ -419,7 +482,12 @@ async def import_archive(
         sealed_at=unit.now, imported_from_digest=digest,
     )
     await store.insert_checkpoint(unit.connection, tenant, original)
-    unit.record_event(tenant, run_id, "checkpoint.imported", {"checkpoint_id": original.checkpoint_id, "manifest_digest": digest, "format_version": original.format_version}, principal.principal_id)
+    unit.record_event(
+        tenant, run_id, "checkpoint.imported",
+        {"checkpoint_id": original.checkpoint_id, "manifest_digest": digest, "format_version": original.format_version,
+         "signed_by": signer or ""},
+        principal.principal_id,
+    )
     if original.format_version == rules.FORMAT_VERSION:
         return original
     derived_id = repo.new_id("chk")

@@ -366,6 +366,22 @@ usage_records = Table(
 
 # --- checkpoints and their sibling lifetimes ------------------------------------------------
 
+# The deployment's checkpoint signing keys (not a tenant's): its own key pairs, the one that
+# signs exports being the oldest unretired one, and public keys of other deployments whose
+# archives it trusts (no private key). Every listed key verifies imports (migration 0010).
+checkpoint_keys = Table(
+    "checkpoint_keys",
+    metadata,
+    Column("key_id", String(64), nullable=False),  # SHA-256 of the raw public key, hex
+    Column("public_key", Text, nullable=False),  # PEM
+    Column("private_key", Text, nullable=True),  # PEM (PKCS 8); NULL for another deployment's key
+    Column("note", String(256), nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("retired_at", UtcDateTime, nullable=True),  # no longer signs; still verifies
+    PrimaryKeyConstraint("key_id"),
+)
+
+
 checkpoints = Table(
     "checkpoints",
     metadata,

@@ -20,7 +20,7 @@ from effect_ledger.policy.engine import PolicyEngine
 from effect_ledger.service.gate import Gate
 from effect_ledger.service.leases import sweep_expired_leases
 from effect_ledger.storage import repository as repo
-from effect_ledger.storage import round_trips
+from effect_ledger.storage import key_store, round_trips
 from effect_ledger.storage.dialect import database_now
 from effect_ledger.storage.engine import Database
 from effect_ledger.transport import status
@@ -31,6 +31,7 @@ from effect_ledger.transport.servicers import (
     ToolRegistryServicer,
 )
 from effect_ledger.service.approvals import ApprovalSettings
+from effect_ledger.service.checkpoints import KeySettings
 from effect_ledger.transport.servicers_approvals import ApprovalsServicer, BudgetsServicer
 from effect_ledger.transport.servicers_checkpoints import (
     CheckpointsServicer,
@@ -219,15 +220,15 @@ async def start_server(
     approvals_servicer = ApprovalsServicer(app, approval_settings)
     approvals_pb2_grpc.add_ApprovalsServicer_to_server(approvals_servicer, server)
     budgets_pb2_grpc.add_BudgetsServicer_to_server(BudgetsServicer(app), server)
-    checkpoints_pb2_grpc.add_CheckpointsServicer_to_server(
-        CheckpointsServicer(
-            app,
-            policy,
-            sign=load_signing_key(settings.checkpoint_signing_key),
-            verify=load_verification_key(settings.checkpoint_verification_key),
-        ),
-        server,
+    keys = KeySettings(
+        signer=load_signing_key(settings.checkpoint_signing_key),
+        trusted=load_verification_key(settings.checkpoint_verification_key),
     )
+    if keys.signer is None:
+        # The deployment's own signing key exists from the first start (kept in the database,
+        # shared by every replica; concurrent first starts agree on one, see key_store.active).
+        await database.run(lambda unit: key_store.ensure_signing_key(unit.connection, unit.now))
+    checkpoints_pb2_grpc.add_CheckpointsServicer_to_server(CheckpointsServicer(app, policy, keys=keys), server)
     runs_pb2_grpc.add_RunsServicer_to_server(RunsServicer(app), server)
     gate_pb2_grpc.add_GateServicer_to_server(GateServicer(app), server)
     health_servicer = health.aio.HealthServicer()

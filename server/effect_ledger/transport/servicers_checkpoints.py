@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import timezone
 from pathlib import Path
 
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-
 from effect_ledger.domain import checkpoints as rules
+from effect_ledger.domain import signing
 from effect_ledger.domain.canonical import canonical_bytes
 from effect_ledger.domain.checkpoints import ArtifactClass, ArtifactRef, ArtifactStatus, Facts
 from effect_ledger.domain.model import Role
@@ -32,28 +29,26 @@ CHUNK_BYTES = 64 * 1024
 OPERATORS = frozenset({Role.AGENT, Role.ADMIN, Role.REVIEWER})
 
 
-def load_signing_key(path: str) -> Callable[[bytes], bytes] | None:
-    """An Ed25519 private key (PEM, unencrypted) signs exported manifests."""
+def load_signing_key(path: str) -> signing.KeyPair | None:
+    """An Ed25519 private key (PEM, unencrypted) that signs exports instead of the key kept in
+    the database."""
     if not path:
         return None
-    key = serialization.load_pem_private_key(Path(path).read_bytes(), password=None)
-    if not isinstance(key, Ed25519PrivateKey):
-        raise SystemExit(f"{path} is not an Ed25519 private key")
-    return key.sign
+    try:
+        return signing.private_key(Path(path).read_bytes(), source=path)
+    except (OSError, InvalidArgument) as error:
+        raise SystemExit(f"--checkpoint-signing-key: {error}") from None
 
 
-def load_verification_key(path: str) -> Callable[[bytes, bytes], None] | None:
-    """An Ed25519 public key (PEM): imports must carry a manifest signature it verifies."""
+def load_verification_key(path: str) -> dict[str, str]:
+    """An Ed25519 public key (PEM) whose signatures imports accept, beside the database's keys."""
     if not path:
-        return None
-    key = serialization.load_pem_public_key(Path(path).read_bytes())
-    if not isinstance(key, Ed25519PublicKey):
-        raise SystemExit(f"{path} is not an Ed25519 public key")
-
-    def verify(message: bytes, signature: bytes) -> None:
-        key.verify(signature, message)
-
-    return verify
+        return {}
+    try:
+        key_id, pem = signing.public_key(Path(path).read_bytes(), source=path)
+    except (OSError, InvalidArgument) as error:
+        raise SystemExit(f"--checkpoint-verification-key: {error}") from None
+    return {key_id: pem}
 
 
 def facts_from_proto(message: checkpoints_pb2.CompatibilityFacts) -> Facts:
@@ -139,13 +134,11 @@ class CheckpointsServicer(checkpoints_pb2_grpc.CheckpointsServicer):
         self,
         app: Application,
         policy: PolicyEngine,
-        sign: Callable[[bytes], bytes] | None = None,
-        verify: Callable[[bytes, bytes], None] | None = None,
+        keys: checkpoints.KeySettings | None = None,
     ) -> None:
         self.app = app
         self.policy = policy
-        self.sign = sign
-        self.verify = verify
+        self.keys = keys or checkpoints.KeySettings()
 
     async def SealCheckpoint(self, request, context):
         command = checkpoints.SealRequest(
@@ -229,20 +222,24 @@ class CheckpointsServicer(checkpoints_pb2_grpc.CheckpointsServicer):
 
     async def ExportCheckpoint(self, request, context):
         try:
-            record = await self.app.call(
-                context, EVERY_ROLE, lambda unit, principal: checkpoints.get(unit, principal, request.checkpoint_id)
-            )
+            async def work(unit, principal):
+                record = await checkpoints.get(unit, principal, request.checkpoint_id)
+                return record, await checkpoints.signing_key(unit, self.keys)
+
+            record, key = await self.app.call(context, EVERY_ROLE, work)
         except LedgerError as error:
             await context.abort_with_status(status.to_status(error))
-        data = checkpoints.export_archive(record, self.sign)
+        data = checkpoints.export_archive(record, key)
         for offset in range(0, len(data), CHUNK_BYTES):
             yield checkpoints_pb2.ArchiveChunk(data=data[offset : offset + CHUNK_BYTES])
 
     async def ImportCheckpoint(self, request_iterator, context):
         received = bytearray()
         expected = ""
+        allow_unsigned = False
         async for chunk in request_iterator:
             received.extend(chunk.data)
+            allow_unsigned = allow_unsigned or chunk.allow_unsigned
             if chunk.expected_manifest_digest:
                 if expected and chunk.expected_manifest_digest != expected:
                     await context.abort_with_status(
@@ -262,7 +259,9 @@ class CheckpointsServicer(checkpoints_pb2_grpc.CheckpointsServicer):
         data = bytes(received)
         try:
             record = await self.app.call(
-                context, AGENTS_AND_ADMINS, lambda unit, principal: checkpoints.import_archive(unit, principal, data, self.verify, expected)
+                context, AGENTS_AND_ADMINS, lambda unit, principal: checkpoints.import_archive(
+                    unit, principal, data, self.keys, expected, allow_unsigned
+                )
             )
         except LedgerError as error:
             await context.abort_with_status(status.to_status(error))

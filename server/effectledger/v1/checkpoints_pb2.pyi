@@ -296,12 +296,14 @@ class ExportCheckpointRequest(_message.Message):
     def __init__(self, checkpoint_id: _Optional[str] = ...) -> None: ...
 
 class ArchiveChunk(_message.Message):
-    __slots__ = ("data", "expected_manifest_digest")
+    __slots__ = ("data", "expected_manifest_digest", "allow_unsigned")
     DATA_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_MANIFEST_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_UNSIGNED_FIELD_NUMBER: _ClassVar[int]
     data: bytes
     expected_manifest_digest: str
-    def __init__(self, data: _Optional[bytes] = ..., expected_manifest_digest: _Optional[str] = ...) -> None: ...
+    allow_unsigned: bool
+    def __init__(self, data: _Optional[bytes] = ..., expected_manifest_digest: _Optional[str] = ..., allow_unsigned: _Optional[bool] = ...) -> None: ...
 
 class PutArtifactRequest(_message.Message):
     __slots__ = ("content", "media_type")
