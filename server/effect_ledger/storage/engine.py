@@ -235,6 +235,8 @@ class Database:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self.dialect = engine.dialect.name
+        # vacuum_dead_rows: the dead rows each table still held after its last VACUUM here.
+        self._dead_rows_left: dict[str, int] = {}
 
     @contextlib.asynccontextmanager
     async def _transaction(self, read_clock: bool) -> AsyncIterator[UnitOfWork]:
@@ -343,72 +345,66 @@ class Database:
         assert last is not None
         raise last
 
-    async def refresh_planner_statistics(self) -> list[str]:
-        """PostgreSQL with autovacuum off: ANALYZE the tables whose statistics are stale.
+    async def maintain_tables(self, *, vacuum: bool = True, analyze: bool = True) -> tuple[list[str], list[str]]:
+        """PostgreSQL with autovacuum off: do its work, by its own thresholds. Returns the tables
+        vacuumed and the tables analyzed (none on SQLite or with autovacuum on).
 
-        Without statistics the planner cannot tell a unique index from a wide one: on a table
-        never analyzed it may look an idempotency key up through an index that leads with the
-        tenant only, and the plans cached in each session (the gate's functions, foreign-key
-        checks) keep that choice while the table grows. autovacuum analyzes a table once its
-        changes since the last ANALYZE pass ``50 + 10 %`` of its rows; with autovacuum off this
-        applies the same threshold. ``SKIP_LOCKED``: a table another replica is analyzing is
-        left to it. Returns the tables analyzed (none on SQLite or with autovacuum on).
+        Analyze. Without statistics the planner cannot tell a unique index from a wide one: on a
+        table never analyzed it may look an idempotency key up through an index that leads with
+        the tenant only, and the plans cached in each session (the gate's functions, foreign-key
+        checks) keep that choice while the table grows. A table is analyzed once its changes
+        since the last ANALYZE pass ``50 + 10 %`` of its rows.
+
+        Vacuum. A budget counter or a run head is updated by every call that reserves or
+        appends. Left unvacuumed, its table keeps every dead version: measured in a soak, the
+        one-row budgets table reached 283 pages after 50,000 updates, each read of it scanned
+        them all (45 ms), and the effect cycle rate fell from about 100/s to 60/s within five
+        minutes. A table is vacuumed once the rows that died since its last VACUUM here pass
+        ``50 + 20 %`` of its rows (rows a VACUUM could not remove yet, because an older snapshot
+        still sees them, are not counted again).
+
+        One statement reads every table's counters (one transaction per call when there is
+        nothing to do). ``SKIP_LOCKED``: a table another replica is working on is left to it.
         """
         if self.dialect != "postgresql":
-            return []
-        async with self.engine.connect() as connection:
-            autovacuum = (await connection.execute(text("SELECT current_setting('autovacuum')"))).scalar_one()
-            if autovacuum == "on":
-                await connection.rollback()
-                return []
-            stale = (
-                await connection.execute(
-                    text(
-                        "SELECT s.relname FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid"
-                        " WHERE s.schemaname = current_schema()"
-                        " AND s.n_mod_since_analyze > 50 + 0.1 * greatest(c.reltuples, 0)"
-                        " ORDER BY s.relname"
-                    )
-                )
-            ).scalars().all()
-            for table in stale:
-                quoted = self.engine.dialect.identifier_preparer.quote(table)
-                await connection.execute(text(f"ANALYZE (SKIP_LOCKED) {quoted}"))
-            await connection.commit()
-        return list(stale)
-
-    async def vacuum_dead_rows(self) -> list[str]:
-        """PostgreSQL with autovacuum off: VACUUM the tables whose dead rows pass autovacuum's
-        own threshold (``50 + 20 %`` of their rows).
-
-        A budget counter or a run head is updated by every call that reserves or appends. Left
-        unvacuumed, its table keeps every dead version: measured in a soak, the one-row budgets
-        table reached 283 pages after 50,000 updates, each read of it scanned them all (45 ms),
-        and the effect cycle rate fell from about 100/s to 60/s within five minutes.
-        ``SKIP_LOCKED``: a table another replica is vacuuming is left to it. Returns the tables
-        vacuumed (none on SQLite or with autovacuum on).
-        """
-        if self.dialect != "postgresql":
-            return []
+            return [], []
         async with self.engine.connect() as connection:
             await connection.execution_options(isolation_level="AUTOCOMMIT")
-            autovacuum = (await connection.execute(text("SELECT current_setting('autovacuum')"))).scalar_one()
-            if autovacuum == "on":
-                return []
-            dead = (
+            rows = (
                 await connection.execute(
                     text(
-                        "SELECT s.relname FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid"
-                        " WHERE s.schemaname = current_schema()"
-                        " AND s.n_dead_tup > 50 + 0.2 * greatest(c.reltuples, 0)"
-                        " ORDER BY s.relname"
+                        "SELECT current_setting('autovacuum'), s.relname, s.n_dead_tup,"
+                        " 50 + 0.2 * greatest(c.reltuples, 0),"
+                        " s.n_mod_since_analyze > 50 + 0.1 * greatest(c.reltuples, 0)"
+                        " FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid"
+                        " WHERE s.schemaname = current_schema() ORDER BY s.relname"
                     )
                 )
-            ).scalars().all()
+            ).all()
+            if not rows or rows[0][0] == "on":
+                return [], []
+            left = self._dead_rows_left
+            dead = [r[1] for r in rows if vacuum and r[2] - left.get(r[1], 0) > r[3]]
+            stale = [r[1] for r in rows if analyze and r[4]]
+            quote = self.engine.dialect.identifier_preparer.quote
             for table in dead:
-                quoted = self.engine.dialect.identifier_preparer.quote(table)
-                await connection.execute(text(f"VACUUM (SKIP_LOCKED) {quoted}"))
-        return list(dead)
+                await connection.execute(text(f"VACUUM (SKIP_LOCKED) {quote(table)}"))
+            for table in stale:
+                await connection.execute(text(f"ANALYZE (SKIP_LOCKED) {quote(table)}"))
+            if dead:
+                after = await connection.execute(
+                    text("SELECT relname, n_dead_tup FROM pg_stat_user_tables WHERE schemaname = current_schema()")
+                )
+                left.update({table: count for table, count in after.all() if table in dead})
+        return dead, stale
+
+    async def refresh_planner_statistics(self) -> list[str]:
+        """ANALYZE the tables whose statistics are stale (see ``maintain_tables``)."""
+        return (await self.maintain_tables(vacuum=False))[1]
+
+    async def vacuum_dead_rows(self) -> list[str]:
+        """VACUUM the tables with many dead rows (see ``maintain_tables``)."""
+        return (await self.maintain_tables(analyze=False))[0]
 
     async def ping(self) -> bool:
         try:

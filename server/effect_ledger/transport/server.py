@@ -171,14 +171,13 @@ async def _lease_sweeper(database: Database, interval: float, batch: int) -> Non
 
 async def _statistics_keeper(database: Database, interval: float) -> None:
     """Do autovacuum's work where it is off: keep the planner's statistics fresh and vacuum
-    tables with many dead rows (see ``Database.refresh_planner_statistics`` and
-    ``Database.vacuum_dead_rows``); at start, then every ``interval`` seconds."""
+    tables with many dead rows (see ``Database.maintain_tables``); at start, then every
+    ``interval`` seconds."""
     while True:
         try:
-            vacuumed = await database.vacuum_dead_rows()
+            vacuumed, analyzed = await database.maintain_tables()
             if vacuumed:
                 log.debug("vacuumed %s (autovacuum is off)", ", ".join(vacuumed))
-            analyzed = await database.refresh_planner_statistics()
             if analyzed:
                 log.debug("analyzed %s (autovacuum is off)", ", ".join(analyzed))
         except asyncio.CancelledError:
