@@ -17,6 +17,14 @@ from effect_ledger.domain.trace import timestamp_text
 INPUT_VERSION = 1
 
 
+def principal_fact(principal: Principal) -> dict[str, Any]:
+    return {
+        "id": principal.principal_id,
+        "tenant": principal.tenant_id,
+        "roles": sorted(role.value for role in principal.roles),
+    }
+
+
 def effect_fact(effect: Effect) -> dict[str, Any]:
     return {
         "effect_id": effect.effect_id,
@@ -62,11 +70,7 @@ def build_policy_input(
     return {
         "version": INPUT_VERSION,
         "now": timestamp_text(now),
-        "principal": {
-            "id": principal.principal_id,
-            "tenant": principal.tenant_id,
-            "roles": sorted(role.value for role in principal.roles),
-        },
+        "principal": principal_fact(principal),
         "run": {
             "id": run.run_id,
             "created_by": run.created_by,
@@ -122,11 +126,7 @@ def build_reconcile_input(
     return {
         "version": INPUT_VERSION,
         "now": timestamp_text(now),
-        "principal": {
-            "id": principal.principal_id,
-            "tenant": principal.tenant_id,
-            "roles": sorted(role.value for role in principal.roles),
-        },
+        "principal": principal_fact(principal),
         "effect": {
             "id": effect.effect_id,
             "run_id": effect.run_id,
