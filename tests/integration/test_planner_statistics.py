@@ -3,7 +3,8 @@
 On a table never analyzed, PostgreSQL's planner cannot tell the unique index on
 ``(tenant_id, idempotency_key)`` from an index that leads with the tenant only, and the plans
 each session caches keep whichever it picked while the table grows. The server applies
-autovacuum's analyze threshold itself when autovacuum is off (``Database.refresh_planner_statistics``).
+autovacuum's thresholds itself when autovacuum is off (``Database.maintain_tables``): it analyzes
+stale tables and vacuums tables with many dead rows.
 """
 
 from __future__ import annotations
@@ -58,15 +59,21 @@ def _key_lookup_index(url: str) -> str:
     return plan[0]["Plan"].get("Index Name", plan[0]["Plan"]["Node Type"])
 
 
-def _refresh(url: str) -> list[str]:
-    async def run() -> list[str]:
+def _maintain(url: str, *, vacuum: bool, analyze: bool) -> tuple[list[str], list[str]]:
+    """One pass of the server's table maintenance on ``url``: (vacuumed, analyzed)."""
+
+    async def run() -> tuple[list[str], list[str]]:
         database = Database(create_async(DatabaseSettings(url, pool_size=1)))
         try:
-            return await database.refresh_planner_statistics()
+            return await database.maintain_tables(vacuum=vacuum, analyze=analyze)
         finally:
             await database.dispose()
 
     return asyncio.run(run())
+
+
+def _refresh(url: str) -> list[str]:
+    return _maintain(url, vacuum=False, analyze=True)[1]
 
 
 def _autovacuum(url: str) -> str:
@@ -113,14 +120,7 @@ def test_nothing_is_analyzed_on_sqlite(tmp_path):
 
 
 def _vacuum(url: str) -> list[str]:
-    async def run() -> list[str]:
-        database = Database(create_async(DatabaseSettings(url, pool_size=1)))
-        try:
-            return await database.vacuum_dead_rows()
-        finally:
-            await database.dispose()
-
-    return asyncio.run(run())
+    return _maintain(url, vacuum=True, analyze=False)[0]
 
 
 def _dead_rows(url: str, table: str) -> int:

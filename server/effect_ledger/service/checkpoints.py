@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 from effect_ledger.domain import checkpoints as rules

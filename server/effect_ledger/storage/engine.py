@@ -235,7 +235,7 @@ class Database:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self.dialect = engine.dialect.name
-        # vacuum_dead_rows: the dead rows each table still held after its last VACUUM here.
+        # maintain_tables: the dead rows each table still held after its last VACUUM here.
         self._dead_rows_left: dict[str, int] = {}
 
     @contextlib.asynccontextmanager
@@ -397,14 +397,6 @@ class Database:
                 )
                 left.update({table: count for table, count in after.all() if table in dead})
         return dead, stale
-
-    async def refresh_planner_statistics(self) -> list[str]:
-        """ANALYZE the tables whose statistics are stale (see ``maintain_tables``)."""
-        return (await self.maintain_tables(vacuum=False))[1]
-
-    async def vacuum_dead_rows(self) -> list[str]:
-        """VACUUM the tables with many dead rows (see ``maintain_tables``)."""
-        return (await self.maintain_tables(analyze=False))[0]
 
     async def ping(self) -> bool:
         try:
