@@ -597,6 +597,7 @@ def test_a_changed_revision_is_refused_when_the_digest_is_pinned(exported):
 def test_manifest_fields_of_the_wrong_type_are_invalid(exported):
     files = _consistent(exported.files, lambda m: m.__setitem__("revision", "abc"))
     assert_refused(
-        exported.admin_stub, exported.agent.runs, exported.run_id, tar_files(files), "INVALID_ARGUMENT", "manifest.json",
+        exported.admin_stub, exported.agent.runs, exported.run_id, tar_files(files), "INVALID_ARGUMENT",
+        "manifest.json: revision",
         allow_unsigned=True,
     )

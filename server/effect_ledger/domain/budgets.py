@@ -87,7 +87,7 @@ class Reservation:
 
 
 def check_dimension(name: str, field: str) -> str:
-    if not DIMENSION.match(name):
+    if not DIMENSION.fullmatch(name):
         raise InvalidArgument.field(
             field, f"dimension {name[:70]!r} must match [a-z][a-z0-9_]{{0,63}}", reason="INVALID_DIMENSION"
         )
@@ -110,7 +110,7 @@ def validate_amounts(
         raise InvalidArgument.field(field, f"at most {ESTIMATE_DIMENSIONS_MAX} dimensions", reason="TOO_MANY_DIMENSIONS")
     violations = []
     for dimension, amount in sorted(amounts.items()):
-        if not DIMENSION.match(dimension):
+        if not DIMENSION.fullmatch(dimension):
             violations.append(FieldViolation(f"{field}[{dimension[:70]!r}]", "not a valid dimension name"))
         elif dimension not in known_dimensions:
             violations.append(

@@ -22,6 +22,7 @@ from typing import Any
 
 from effect_ledger.domain import signing
 from effect_ledger.domain.canonical import canonical_bytes, parse_json
+from effect_ledger.domain.contracts import REFUSED_CHARACTERS, check_identifier, check_text
 from effect_ledger.errors import FailedPrecondition, InvalidArgument, PreconditionViolation
 
 FORMAT_VERSION = 2
@@ -32,6 +33,10 @@ STATE_SIZE_MAX_BYTES = 1024 * 1024
 ARCHIVE_SIZE_MAX_BYTES = 32 * 1024 * 1024
 ARCHIVE_FILES_MAX = 64
 ARCHIVE_FILE_SIZE_MAX_BYTES = 8 * 1024 * 1024
+# The sum of the members' sizes as their headers state them, checked before any is read.
+ARCHIVE_UNPACKED_SIZE_MAX_BYTES = 32 * 1024 * 1024
+FACT_LENGTH_MAX = 256
+FACT_REFERENCES_MAX = 256
 SIGNATURE_FILE = "manifest.sig"
 
 
@@ -99,6 +104,21 @@ class Facts:
             native_references=tuple(value.get("native_references", ())),
             recorded_effects=tuple(value.get("recorded_effects", ())),
         )
+
+
+def check_facts(facts: Facts, field: str) -> Facts:
+    """Bounded text without control characters in every compatibility fact."""
+    for name in ("runtime", "contract_schema", "code_version"):
+        check_text(getattr(facts, name), f"{field}.{name}", required=False, length_max=FACT_LENGTH_MAX)
+    if not 0 <= facts.checkpoint_format <= 1_000_000:
+        raise InvalidArgument.field(f"{field}.checkpoint_format", "must be between 0 and 1000000")
+    for name in ("native_references", "recorded_effects"):
+        values = getattr(facts, name)
+        if len(values) > FACT_REFERENCES_MAX:
+            raise InvalidArgument.field(f"{field}.{name}", f"at most {FACT_REFERENCES_MAX}", reason="TOO_MANY")
+        for index, value in enumerate(values):
+            check_text(value, f"{field}.{name}[{index}]", required=True, length_max=FACT_LENGTH_MAX)
+    return facts
 
 
 def check_artifact_refs(refs: list[ArtifactRef]) -> None:
@@ -230,7 +250,7 @@ def compatibility(
 
 
 def safe_member_name(name: str) -> bool:
-    if not name or name.startswith("/") or "\\" in name or "\x00" in name or len(name) > 255:
+    if not name or name.startswith("/") or "\\" in name or REFUSED_CHARACTERS.search(name) or len(name) > 255:
         return False
     normalized = posixpath.normpath(name)
     return normalized == name and not any(part in ("..", ".", "") for part in name.split("/"))
@@ -352,44 +372,76 @@ class VerifiedArchive:
     signer: str | None = None  # the id of the trusted key that signed the manifest
 
 
-def read_archive(data: bytes) -> dict[str, bytes]:
-    """Every member of a tar, refusing anything but safe, bounded regular files."""
-    if len(data) > ARCHIVE_SIZE_MAX_BYTES:
-        raise _bad("archive", f"is larger than {ARCHIVE_SIZE_MAX_BYTES} bytes")
-    files: dict[str, bytes] = {}
-    count = 0
-    try:
-        archive = tarfile.open(fileobj=io.BytesIO(data), mode="r:")
-    except (tarfile.TarError, EOFError, ValueError) as error:
-        raise _bad("archive", f"is not a tar archive: {error}") from None
+def _member_label(name: str) -> str:
+    """A member's name as an error may show it (control characters escaped)."""
+    if not name:
+        return "(empty name)"
+    return name if REFUSED_CHARACTERS.search(name) is None else ascii(name)[1:-1]
+
+
+def _judge_member(member: tarfile.TarInfo, seen: set[str], unpacked_bytes: int, archive_bytes: int) -> None:
+    """Refuse a member from its header alone: anything but a bounded, safe, regular file."""
+    name = member.name
+    if not safe_member_name(name):
+        raise _bad(_member_label(name), "is not a safe relative path")
+    if member.issparse() or member.type == tarfile.GNUTYPE_SPARSE:
+        raise _bad(name, "is a sparse file (only regular files are accepted)")
+    if member.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):
+        raise _bad(name, "is not a regular file (links, devices, fifos, folders and sparse files are refused)")
+    if member.size > ARCHIVE_FILE_SIZE_MAX_BYTES:
+        raise _bad(name, f"is larger than {ARCHIVE_FILE_SIZE_MAX_BYTES} bytes")
+    if unpacked_bytes + member.size > ARCHIVE_UNPACKED_SIZE_MAX_BYTES:
+        raise _bad(name, f"takes the members past {ARCHIVE_UNPACKED_SIZE_MAX_BYTES} bytes unpacked")
+    if member.offset_data + member.size > archive_bytes:
+        raise _bad(name, "is cut short: the archive ends inside it")
+    if name in seen:
+        raise _bad(name, "appears twice")
+
+
+def _members(archive: tarfile.TarFile, archive_bytes: int) -> list[tarfile.TarInfo]:
+    """Every member's header, each judged before the archive is read past it (a header claiming
+    more bytes than the archive holds names that member, not "archive"); no content is read."""
+    members: list[tarfile.TarInfo] = []
+    seen: set[str] = set()
+    unpacked_bytes = 0
     while True:
-        # One member at a time: a member is judged before the archive is read past it (a header
-        # claiming more bytes than the archive holds names that member, not "archive").
         try:
             member = archive.next()
         except (tarfile.TarError, EOFError, ValueError) as error:
             raise _bad("archive", f"is not a tar archive: {error}") from None
         if member is None:
-            return files
-        count += 1
-        if count > ARCHIVE_FILES_MAX:
+            return members
+        if len(members) == ARCHIVE_FILES_MAX:
             raise _bad("archive", f"holds more than {ARCHIVE_FILES_MAX} entries")
-        name = member.name
-        if not safe_member_name(name):
-            raise _bad(name or "(empty name)", "is not a safe relative path")
-        if not member.isreg():
-            raise _bad(name, "is not a regular file (links, devices and folders are refused)")
-        if member.size > ARCHIVE_FILE_SIZE_MAX_BYTES:
-            raise _bad(name, f"is larger than {ARCHIVE_FILE_SIZE_MAX_BYTES} bytes")
-        if name in files:
-            raise _bad(name, "appears twice")
+        _judge_member(member, seen, unpacked_bytes, archive_bytes)
+        members.append(member)
+        seen.add(member.name)
+        unpacked_bytes += member.size
+
+
+def read_archive(data: bytes) -> dict[str, bytes]:
+    """Every member of a tar: regular files only, at most ``ARCHIVE_FILES_MAX`` of them, each at
+    most ``ARCHIVE_FILE_SIZE_MAX_BYTES`` and together at most ``ARCHIVE_UNPACKED_SIZE_MAX_BYTES``.
+    All headers are judged before any member's content is read into memory."""
+    if len(data) > ARCHIVE_SIZE_MAX_BYTES:
+        raise _bad("archive", f"is larger than {ARCHIVE_SIZE_MAX_BYTES} bytes")
+    try:
+        archive = tarfile.open(fileobj=io.BytesIO(data), mode="r:")
+    except (tarfile.TarError, EOFError, ValueError) as error:
+        raise _bad("archive", f"is not a tar archive: {error}") from None
+    files: dict[str, bytes] = {}
+    for member in _members(archive, len(data)):
         extracted = archive.extractfile(member)
         if extracted is None:
-            raise _bad(name, "cannot be read")
+            raise _bad(member.name, "cannot be read")
         try:
-            files[name] = extracted.read()
+            content = extracted.read()
         except (tarfile.TarError, EOFError, ValueError) as error:
-            raise _bad(name, f"cannot be read: {error}") from None
+            raise _bad(member.name, f"cannot be read: {error}") from None
+        if len(content) != member.size:
+            raise _bad(member.name, f"holds {len(content)} bytes, its header says {member.size}")
+        files[member.name] = content
+    return files
 
 
 def _parse_member(raw: bytes, *, field: str, **options: Any) -> Any:
@@ -399,6 +451,53 @@ def _parse_member(raw: bytes, *, field: str, **options: Any) -> Any:
     except InvalidArgument as error:
         error.metadata["component"] = field
         raise
+
+
+def _manifest_field(name: str, description: str) -> Exception:
+    return _bad(f"manifest.json: {name}", description)
+
+
+def _check_text_field(manifest: dict[str, Any], name: str) -> None:
+    value = manifest.get(name)
+    if not isinstance(value, str):
+        raise _manifest_field(name, f"must be a string, not {type(value).__name__}")
+    if len(value) > 1024 or REFUSED_CHARACTERS.search(value):
+        raise _manifest_field(name, "must be at most 1024 characters without control characters")
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 2**53 - 1
+
+
+def check_manifest_fields(manifest: dict[str, Any]) -> None:
+    """Every field of a manifest (any readable format) has its type, each error naming the field."""
+    for name in ("tenant_id", "run_id", "checkpoint_id"):
+        value = manifest.get(name)
+        if not isinstance(value, str):
+            raise _manifest_field(name, f"must be a string, not {type(value).__name__}")
+        try:
+            check_identifier(value, name)
+        except InvalidArgument as error:
+            raise _manifest_field(name, error.violations[0].description) from None
+    for name in ("sealed_at", "policy_revision"):
+        _check_text_field(manifest, name)
+    if not _is_count(manifest.get("revision")):
+        raise _manifest_field("revision", "must be a non-negative integer")
+    try:
+        check_digest(manifest.get("state_digest") if isinstance(manifest.get("state_digest"), str) else "", "state_digest")
+    except InvalidArgument:
+        raise _manifest_field("state_digest", "must be sha256:<64 lowercase hex digits>") from None
+    if not isinstance(manifest.get("artifacts"), list) or not all(isinstance(a, dict) for a in manifest["artifacts"]):
+        raise _manifest_field("artifacts", "must be a list of artifact references")
+    for name in ("sections", "files"):
+        value = manifest.get(name)
+        if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+            raise _manifest_field(name, "must be an object of names to digests")
+        if len(value) > ARCHIVE_FILES_MAX:
+            raise _manifest_field(name, f"names more than {ARCHIVE_FILES_MAX} entries")
+    unknown = sorted(set(manifest) - MANIFEST_FIELDS)
+    if unknown:
+        raise _manifest_field(unknown[0][:100], "is not a field of a checkpoint manifest")
 
 
 def unsigned_refusal(signed: bool) -> FailedPrecondition:
@@ -444,11 +543,10 @@ def verify_archive(
     if canonical_bytes(manifest) != manifest_bytes:
         raise _bad("manifest.json", "is not in RFC 8785 canonical form")
     version = manifest.get("format_version")
-    if version not in READABLE_FORMATS:
-        raise _bad("manifest.json", f"format_version {version!r} is not one this service reads", precondition=True)
-    listed = manifest.get("files")
-    if not isinstance(listed, dict):
-        raise _bad("manifest.json", "lists no files")
+    if not _is_count(version) or version not in READABLE_FORMATS:
+        raise _bad("manifest.json", f"format_version {str(version)[:20]!r} is not one this service reads", precondition=True)
+    check_manifest_fields(manifest)
+    listed = manifest["files"]
     for required in ("state.json", "artifacts.json"):
         if required not in listed:
             raise _bad(required, "is missing (the manifest does not list it)")
@@ -491,23 +589,24 @@ def verify_archive(
     return VerifiedArchive(core, manifest_bytes, state, ledger, refs, signed, signer)
 
 
-MANIFEST_TEXT_FIELDS = ("tenant_id", "run_id", "checkpoint_id", "sealed_at", "policy_revision", "state_digest")
+MANIFEST_FIELDS = frozenset(
+    {"format_version", "tenant_id", "run_id", "checkpoint_id", "revision", "sealed_at", "policy_revision",
+     "state_digest", "artifacts", "sections", "files"}
+)
 
 
 def _check_current_format(
     data: bytes, files: dict[str, bytes], core: dict[str, Any], state: Any, ledger: dict[str, Any]
 ) -> None:
     """The rest of what an archive of the current format must satisfy (see verify_archive)."""
-    for name in MANIFEST_TEXT_FIELDS:
-        if not isinstance(core.get(name), str):
-            raise _bad("manifest.json", f"{name} must be a string")
-    revision = core.get("revision")
-    if not isinstance(revision, int) or isinstance(revision, bool) or revision < 0:
-        raise _bad("manifest.json", "revision must be a non-negative integer")
     policy = ledger.get("policy")
     if not isinstance(policy, dict) or policy.get("revision") != core["policy_revision"]:
         raise _bad("ledger/policy.json", "its revision disagrees with the manifest's policy_revision")
-    if files.get("README.md") != readme_text(core, state, ledger).encode("utf-8"):
+    try:
+        readme = readme_text(core, state, ledger).encode("utf-8")
+    except (AttributeError, KeyError, TypeError, ValueError):
+        raise _bad("README.md", "cannot be derived: a ledger section does not have the shape this format records") from None
+    if files.get("README.md") != readme:
         raise _bad("README.md", "does not describe this manifest, state and ledger")
     members = {name: content for name, content in files.items() if name != SIGNATURE_FILE}
     if build_archive(members, files.get(SIGNATURE_FILE)) != data:
@@ -530,6 +629,16 @@ def migrate_to_current(manifest: dict[str, Any], ledger: dict[str, Any]) -> tupl
         return ledger, []
     if version != 1:
         raise _bad("manifest.json", f"no migration from format {version!r}", precondition=True)
+    for name in ("effects", "approvals", "budgets"):
+        if name in ledger and not isinstance(ledger[name], dict):
+            raise _bad(f"ledger/{name}.json", "must be a JSON object")
+    try:
+        return _migrate_format_1(ledger)
+    except (AttributeError, KeyError, TypeError, ValueError):
+        raise _bad("ledger", "a ledger section does not have the shape format 1 recorded") from None
+
+
+def _migrate_format_1(ledger: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     notes = []
     effects = dict(ledger.get("effects", {}))
     migrated_open = []

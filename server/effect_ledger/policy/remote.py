@@ -6,11 +6,15 @@ of the wrong shape gives UNAVAILABLE (POLICY_UNAVAILABLE or POLICY_UNDEFINED), n
 
 The policy revision is the digest of the policies OPA reports at ``/v1/policies`` (their
 ids and raw text), refreshed at most every ``revision_ttl_seconds``.
+
+What a client is told of a fault names what failed and the exception's type, never OPA's host,
+port or URL (an HTTP client's error text holds them); the full error is logged at WARNING.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 from urllib.parse import urlparse
@@ -29,8 +33,14 @@ from effect_ledger.policy.engine import (
 
 ENGINE_NAME = "opa-remote"
 
+log = logging.getLogger(__name__)
 
-def _unavailable(detail: str) -> PolicyUnavailable:
+
+def _unavailable(detail: str, error: BaseException | None = None) -> PolicyUnavailable:
+    """POLICY_UNAVAILABLE saying ``detail`` (no address); ``error``'s own text is only logged."""
+    if error is not None:
+        log.warning("the OPA server is unavailable: %s: %s: %s", detail, type(error).__name__, error)
+        detail = f"{detail} ({type(error).__name__})"
     return PolicyUnavailable(
         f"the OPA server is unavailable: {detail}",
         reason="POLICY_UNAVAILABLE",
@@ -83,7 +93,7 @@ class RemoteOpaEngine:
             except PolicyUnavailable:
                 raise
             except Exception as error:  # noqa: BLE001 - any fault fails closed
-                raise _unavailable(f"policies not readable: {type(error).__name__}") from error
+                raise _unavailable("policies not readable", error) from error
             self._revision_at = time.monotonic()
         return self._revision
 
@@ -99,7 +109,7 @@ class RemoteOpaEngine:
         except TimeoutError as error:
             raise _unavailable(f"no answer within {self.timeout_seconds} s") from error
         except Exception as error:  # noqa: BLE001 - any fault fails closed
-            raise _unavailable(f"{type(error).__name__}: {error}") from error
+            raise _unavailable("the decision query failed", error) from error
         if not isinstance(response, dict):
             raise undefined("the response is not a JSON object")
         return parse_decision(response.get("result"), engine=ENGINE_NAME, revision=revision, package=package)

@@ -16,6 +16,7 @@ def validate_labels(labels: dict[str, str], limits: Limits) -> None:
     for key, value in labels.items():
         if not key or len(key) > 63:
             raise InvalidArgument.field("labels", "keys are 1 to 63 characters", reason="INVALID_LABEL")
+        check_text(key, f"labels[{key!r}]", required=True, length_max=63)
         check_text(value, f"labels[{key!r}]", required=False, length_max=256)
 
 

@@ -64,7 +64,7 @@ async def list_contracts(
 
 async def retire_tool(unit: UnitOfWork, principal: Principal, tool: str, reason: str) -> ToolContract:
     check_tool_name(tool)
-    check_text(reason, "reason", required=False)
+    check_text(reason, "reason", required=False, lines=True)
     latest = await repo.latest_contract(unit.connection, principal.tenant_id, tool)
     if latest is None:
         raise NotFound("tool", tool)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
+from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from effect_ledger.domain import canonical
+from effect_ledger.domain.schemas import SCHEMA_SIZE_MAX_BYTES
 from effect_ledger.domain.model import (
     Attempt,
     Decision,
@@ -26,7 +28,6 @@ from effect_ledger.service.attempts import AttemptResult
 from effect_ledger.service.authorize import AuthorizeResult
 from effectledger.v1 import common_pb2, gate_pb2, runs_pb2, tools_pb2
 
-SCHEMA_SIZE_MAX_BYTES = 64 * 1024
 
 
 def timestamp(moment: datetime | None) -> Timestamp | None:
@@ -37,11 +38,20 @@ def timestamp(moment: datetime | None) -> Timestamp | None:
     return value
 
 
-def _enum_name(enum_type, value: int, field: str) -> str:
+def enum_value(enum_type: Any, value: int, field: str, domain: Any = None, *, required: bool = True) -> Any:
+    """The request's enum number as its name, or as the member of ``domain`` of that name.
+
+    Every enum number a request carries is converted here: 0 (unset) is FIELD_REQUIRED when
+    ``required`` and None otherwise; a number the enum does not define, or a name the domain
+    does not know, is INVALID_ENUM. Both are INVALID_ARGUMENT with a field violation.
+    """
     if value == 0:
+        if not required:
+            return None
         raise InvalidArgument.field(field, "is required", reason="FIELD_REQUIRED")
     try:
-        return enum_type.Name(value)
+        name = enum_type.Name(value)
+        return domain(name) if domain is not None else name
     except ValueError:
         raise InvalidArgument.field(field, f"unknown value {value}", reason="INVALID_ENUM") from None
 
@@ -53,17 +63,17 @@ def contract_from_proto(message: tools_pb2.ToolContract) -> ToolContract:
     schema = canonical.parse_json(
         message.arguments_schema_json,
         field="contract.arguments_schema_json",
-        size_max_bytes=SCHEMA_SIZE_MAX_BYTES,
+        size_max_bytes=SCHEMA_SIZE_MAX_BYTES,  # the domain's limit, checked again there
         allow_empty=True,
     )
     recovery = tuple(
-        Recovery(_enum_name(common_pb2.Recovery, value, "contract.allowed_recovery"))
-        for value in message.allowed_recovery
+        enum_value(common_pb2.Recovery, value, f"contract.allowed_recovery[{index}]", Recovery)
+        for index, value in enumerate(message.allowed_recovery)
     )
     return ToolContract(
         tool=message.tool,
         revision=0,
-        effect_class=EffectClass(_enum_name(common_pb2.EffectClass, message.effect_class, "contract.effect_class")),
+        effect_class=enum_value(common_pb2.EffectClass, message.effect_class, "contract.effect_class", EffectClass),
         provider_idempotency=message.provider_idempotency,
         queryable=message.queryable,
         allowed_recovery=recovery,
@@ -155,7 +165,7 @@ def receipt_to_proto(receipt: Receipt | None) -> common_pb2.Receipt | None:
 
 
 def failure_evidence(value: int) -> FailureEvidence:
-    return FailureEvidence(_enum_name(gate_pb2.FailureEvidence, value, "failed.evidence"))
+    return enum_value(gate_pb2.FailureEvidence, value, "failed.evidence", FailureEvidence)
 
 
 def authorize_response(result: AuthorizeResult) -> gate_pb2.AuthorizeEffectResponse:
@@ -288,16 +298,12 @@ def approval_to_proto(approval: Approval, now: datetime) -> approvals_pb2.Approv
 
 
 def approval_state_filter(value: int) -> str:
-    if value == 0:
-        return ""
-    try:
-        return ApprovalState(approvals_pb2.ApprovalState.Name(value)).value
-    except ValueError:
-        raise InvalidArgument.field("state", f"unknown value {value}", reason="INVALID_ENUM") from None
+    state = enum_value(approvals_pb2.ApprovalState, value, "state", ApprovalState, required=False)
+    return state.value if state is not None else ""
 
 
 def scope_from_proto(value: int) -> Scope:
-    return Scope(_enum_name(budgets_pb2.BudgetScope, value, "scope"))
+    return enum_value(budgets_pb2.BudgetScope, value, "scope", Scope)
 
 
 def budget_to_proto(budget: Budget) -> budgets_pb2.Budget:
@@ -332,3 +338,14 @@ def reservation_to_proto(reservation: Reservation) -> budgets_pb2.Reservation:
         settled_at=timestamp(reservation.settled_at),
     )
 
+
+# The instants a request may name: RFC 3339's years 0001 to 9999, whole nanoseconds.
+TIMESTAMP_SECONDS_MIN = -62_135_596_800
+TIMESTAMP_SECONDS_MAX = 253_402_300_799
+
+
+def time_from_proto(stamp: Timestamp, field: str) -> datetime:
+    """A request's timestamp as an aware UTC datetime; out of range: INVALID_ARGUMENT."""
+    if not (TIMESTAMP_SECONDS_MIN <= stamp.seconds <= TIMESTAMP_SECONDS_MAX and 0 <= stamp.nanos < 1_000_000_000):
+        raise InvalidArgument.field(field, "is not a valid timestamp (years 1 to 9999)", reason="INVALID_TIMESTAMP")
+    return stamp.ToDatetime(tzinfo=timezone.utc)

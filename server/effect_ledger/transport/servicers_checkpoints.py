@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from datetime import timezone
 from pathlib import Path
 
 from effect_ledger.domain import checkpoints as rules
@@ -74,9 +73,10 @@ def facts_to_proto(facts: Facts) -> checkpoints_pb2.CompatibilityFacts:
 
 
 def ref_from_proto(message: checkpoints_pb2.ArtifactRef, index: int) -> ArtifactRef:
-    if message.classification == 0:
-        raise InvalidArgument.field(f"artifacts[{index}].classification", "is required", reason="FIELD_REQUIRED")
-    return ArtifactRef(message.name, message.digest, ArtifactClass(checkpoints_pb2.ArtifactClass.Name(message.classification)))
+    classification = mapping.enum_value(
+        checkpoints_pb2.ArtifactClass, message.classification, f"artifacts[{index}].classification", ArtifactClass
+    )
+    return ArtifactRef(message.name, message.digest, classification)
 
 
 def checkpoint_to_proto(record: CheckpointRecord) -> checkpoints_pb2.Checkpoint:
@@ -210,9 +210,7 @@ class CheckpointsServicer(checkpoints_pb2_grpc.CheckpointsServicer):
         )
 
     async def ForkRun(self, request, context):
-        if request.world == 0:
-            raise InvalidArgument.field("world", "is required (LIVE or SIMULATED)", reason="FIELD_REQUIRED")
-        world = checkpoints_pb2.World.Name(request.world)
+        world = mapping.enum_value(checkpoints_pb2.World, request.world, "world")
         run_id, parent = await self.app.call(
             context,
             AGENTS_AND_ADMINS,
@@ -269,7 +267,9 @@ class CheckpointsServicer(checkpoints_pb2_grpc.CheckpointsServicer):
 
     async def PutArtifact(self, request, context):
         row = await self.app.call(
-            context, OPERATORS, lambda unit, principal: checkpoints.put_artifact(unit, principal, request.content, request.media_type)
+            context, OPERATORS, lambda unit, principal: checkpoints.put_artifact(
+                unit, principal, request.content, request.media_type, self.app.limits.artifacts_per_tenant_max
+            ),
         )
         return artifact_to_proto(row)
 
@@ -278,7 +278,8 @@ class CheckpointsServicer(checkpoints_pb2_grpc.CheckpointsServicer):
             context,
             OPERATORS,
             lambda unit, principal: checkpoints.declare_artifact(
-                unit, principal, request.digest, request.size_bytes, request.media_type, request.location
+                unit, principal, request.digest, request.size_bytes, request.media_type, request.location,
+                self.app.limits.artifacts_per_tenant_max,
             ),
         )
         return artifact_to_proto(row)
@@ -299,7 +300,9 @@ class CheckpointsServicer(checkpoints_pb2_grpc.CheckpointsServicer):
 
     async def RecordSnapshot(self, request, context):
         snapshot = await self.app.call(
-            context, AGENTS, lambda unit, principal: checkpoints.record_snapshot(unit, principal, request.run_id, request.value_json)
+            context, AGENTS, lambda unit, principal: checkpoints.record_snapshot(
+                unit, principal, request.run_id, request.value_json, self.app.limits.snapshots_per_tenant_max
+            ),
         )
         return checkpoints_pb2.Snapshot(
             snapshot_id=snapshot["snapshot_id"], run_id=snapshot["run_id"],
@@ -307,7 +310,7 @@ class CheckpointsServicer(checkpoints_pb2_grpc.CheckpointsServicer):
         )
 
     async def RecordProviderSession(self, request, context):
-        expires_at = request.expires_at.ToDatetime(tzinfo=timezone.utc) if request.HasField("expires_at") else None
+        expires_at = mapping.time_from_proto(request.expires_at, "expires_at") if request.HasField("expires_at") else None
         reference = await self.app.call(
             context,
             AGENTS,
