@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import json
 import logging
 import os
-import secrets
 import sys
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from sqlalchemy import insert, select
 
-from effect_ledger.config import ServerSettings
+from effect_ledger.config import Limits, ServerSettings
 from effect_ledger.domain.canonical import canonical_bytes
 from effect_ledger.domain.contracts import check_identifier
 from effect_ledger.domain.model import Role
@@ -33,6 +33,11 @@ ENV_PREFIX = "EFFECT_LEDGER_"
 
 def _env(name: str, default: str = "") -> str:
     return os.environ.get(ENV_PREFIX + name.upper().replace("-", "_"), default)
+
+
+def _env_flag(name: str) -> bool:
+    """A yes/no environment variable: 1, true, yes or on (any case) is yes; anything else no."""
+    return _env(name).strip().lower() in ("1", "true", "yes", "on")
 
 
 def _database_argument(parser: argparse.ArgumentParser) -> None:
@@ -80,6 +85,58 @@ def _build_policy(options: argparse.Namespace):
     return engine, reload
 
 
+def is_loopback_listen(listen: str) -> bool:
+    """Whether ``--listen`` binds loopback only: 127.0.0.0/8, ::1 or ``localhost``.
+
+    ``0.0.0.0`` and ``[::]`` (every interface), an empty host, any other name (it may resolve
+    to anything) and anything unparsable are not."""
+    if listen.startswith("["):
+        host, bracket, _ = listen[1:].partition("]")
+        if not bracket:
+            return False
+    else:
+        host = listen.rpartition(":")[0]
+        if ":" in host:  # an IPv6 address without brackets: where its port starts is a guess
+            return False
+    if host.lower() == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return (mapped or address).is_loopback
+
+
+def _transport_security_problem(options: argparse.Namespace) -> str | None:
+    """Why ``serve`` must not start with these TLS flags and this address; None when it may."""
+    if bool(options.tls_cert) != bool(options.tls_key):
+        return "--tls-cert and --tls-key come together (the certificate chain and its private key)"
+    if options.tls_client_ca and not options.tls_cert:
+        return "--tls-client-ca needs --tls-cert and --tls-key: client certificates are checked over TLS only"
+    if not options.tls_cert and not options.insecure and not is_loopback_listen(options.listen):
+        return (
+            f"refusing plaintext on {options.listen}, which is not a loopback address: give "
+            "--tls-cert and --tls-key (TLS), or --insecure (EFFECT_LEDGER_INSECURE=1) to serve "
+            "bearer tokens unencrypted anyway"
+        )
+    return None
+
+
+def _limits_problem(options: argparse.Namespace) -> str | None:
+    if options.requests_per_second_per_token < 0:
+        return "--requests-per-second-per-token must be 0 (unlimited) or more"
+    for name in (
+        "request_burst_per_token", "streams_per_principal_max", "open_approval_requests_per_tenant_max",
+        "artifacts_per_tenant_max", "snapshots_per_tenant_max", "maximum_concurrent_rpcs",
+    ):
+        if getattr(options, name) < 1:
+            return f"--{name.replace('_', '-')} must be at least 1"
+    if options.stream_lifetime_max_seconds <= 0:
+        return "--stream-lifetime-max-seconds must be positive"
+    return None
+
+
 def _worker_command(options: argparse.Namespace):
     """How a supervisor starts worker ``index``: this process's own command line, then the
     flags that make it a worker (the last occurrence of a flag wins)."""
@@ -107,6 +164,16 @@ def command_serve(options: argparse.Namespace) -> int:
     if (worker_index is None) != (options.worker_channel_fd is None):
         print("effect-ledger: --worker-index and --worker-channel-fd come together", file=sys.stderr)
         return 2
+    problem = _transport_security_problem(options) or _limits_problem(options)
+    if problem:
+        print(f"effect-ledger: {problem}", file=sys.stderr)
+        return 2
+    if worker_index is None and not options.tls_cert and not is_loopback_listen(options.listen):
+        # Once, by the supervisor or the lone server: workers parse the same flags.
+        logging.getLogger(__name__).warning(
+            "--insecure: serving plaintext on %s, which is not a loopback address; bearer tokens "
+            "and effect arguments cross the network unencrypted", options.listen,
+        )
     url = _database_url(options)
     if worker_index is None:
         _migrate(url)  # once per start, here: workers never migrate
@@ -135,6 +202,18 @@ def command_serve(options: argparse.Namespace) -> int:
         approval_ttl_seconds_max=options.approval_ttl_seconds_max,
         checkpoint_signing_key=options.checkpoint_signing_key,
         checkpoint_verification_key=options.checkpoint_verification_key,
+        tls_certificate=options.tls_cert,
+        tls_key=options.tls_key,
+        tls_client_ca=options.tls_client_ca,
+        limits=Limits(
+            requests_per_second_per_token=options.requests_per_second_per_token,
+            request_burst_per_token=options.request_burst_per_token,
+            streams_per_principal_max=options.streams_per_principal_max,
+            stream_lifetime_max_seconds=options.stream_lifetime_max_seconds,
+            open_approval_requests_per_tenant_max=options.open_approval_requests_per_tenant_max,
+            artifacts_per_tenant_max=options.artifacts_per_tenant_max,
+            snapshots_per_tenant_max=options.snapshots_per_tenant_max,
+        ),
     )
     policy, reload = _build_policy(options)
 
@@ -161,13 +240,13 @@ def command_migrate(options: argparse.Namespace) -> int:
 
 def add_principal(url: str, tenant: str, principal_id: str, roles: list[str]) -> str:
     """Store a principal with a new bearer token; returns the token (stored only as its hash)."""
+    from effect_ledger.domain.tokens import new_token, token_hash
     from effect_ledger.storage.schema import principals
-    from effect_ledger.transport.servicers import token_hash
 
     check_identifier(tenant, "tenant")
     check_identifier(principal_id, "id")
     role_values = sorted({Role(role).value for role in roles})
-    token = "elt_" + secrets.token_urlsafe(32)
+    token = new_token()
     engine = create_sync(DatabaseSettings(url))
     try:
         with engine.begin() as connection:
@@ -245,6 +324,113 @@ def command_principal_set_roles(options: argparse.Namespace) -> int:
     set_roles(_database_url(options), options.tenant, options.id, options.role)
     _warn_about_roles(options.id, options.role)
     print(f"roles of {options.id!r} are now {sorted(set(options.role))}")
+    return 0
+
+
+def principal_tokens(
+    url: str, tenant: str, action: str, principal_id: str = "", expires_at: datetime | None = None,
+    expires_in_seconds: int | None = None, never: bool = False, subject: str | None = None,
+) -> tuple[list[dict[str, str]], str]:
+    """list, disable, enable, rotate, expire or bind principals' tokens of a tenant, directly in the
+    database (an operator's tool: no admin token needed). Returns the principals it touched
+    (or all, for list) and the new token of a rotation."""
+    from effect_ledger.domain.tokens import new_token, token_hash
+    from effect_ledger.storage import principal_store as store
+    from effect_ledger.storage.engine import Database, create_async
+
+    check_identifier(tenant, "tenant")
+    if action != "list":
+        check_identifier(principal_id, "id")
+
+    async def work(unit):  # type: ignore[no-untyped-def]
+        if action == "list":
+            return await store.listed(unit.connection, tenant, "", 100_000), ""
+        record = await store.locked(unit.connection, tenant, principal_id)
+        if record is None:
+            raise SystemExit(f"no principal {principal_id!r} in tenant {tenant!r}")
+        token = ""
+        if action == "disable":
+            await store.change(unit.connection, tenant, principal_id, disabled_at=unit.now)
+        elif action == "enable":
+            await store.change(unit.connection, tenant, principal_id, disabled_at=None)
+        elif action == "rotate":
+            token = new_token()
+            values = {"token_hash": token_hash(token), "token_issued_at": unit.now}
+            if expires_in_seconds is not None:
+                values["token_expires_at"] = unit.now + timedelta(seconds=expires_in_seconds)
+            await store.change(unit.connection, tenant, principal_id, **values)
+        elif action == "bind":
+            await store.change(unit.connection, tenant, principal_id, client_subject=subject or None)
+        elif action == "expire":
+            when = None if never else expires_at or (
+                unit.now + timedelta(seconds=expires_in_seconds) if expires_in_seconds is not None else unit.now
+            )
+            await store.change(unit.connection, tenant, principal_id, token_expires_at=when)
+        return [await store.locked(unit.connection, tenant, principal_id)], token
+
+    async def main():  # type: ignore[no-untyped-def]
+        database = Database(create_async(DatabaseSettings(url)))
+        try:
+            return await database.run(work)
+        finally:
+            await database.dispose()
+
+    records, token = asyncio.run(main())
+
+    def shown(moment: datetime | None) -> str:
+        return moment.isoformat() if moment is not None else ""
+
+    rows = [
+        {
+            "principal_id": r.principal_id,
+            "roles": ",".join(sorted(role.value for role in r.roles)),
+            "disabled_at": shown(r.disabled_at),
+            "token_expires_at": shown(r.token_expires_at),
+            "token_issued_at": shown(r.token_issued_at or r.created_at),
+            "client_subject": r.client_subject or "",
+        }
+        for r in records
+        if r is not None
+    ]
+    return rows, token
+
+
+def command_principal_tokens(options: argparse.Namespace) -> int:
+    expires_at = None
+    if getattr(options, "at", None):
+        try:
+            expires_at = datetime.fromisoformat(options.at)
+        except ValueError:
+            print(f"effect-ledger: --at {options.at!r} is not an ISO 8601 instant", file=sys.stderr)
+            return 2
+        if expires_at.tzinfo is None:
+            print("effect-ledger: --at needs a time zone (for example 2027-01-01T00:00:00+00:00)", file=sys.stderr)
+            return 2
+    subject = getattr(options, "subject", None)
+    if subject is not None and (not subject or len(subject.encode()) > 1024 or not subject.isprintable()):
+        print("effect-ledger: --subject must be 1 to 1024 bytes of printable text", file=sys.stderr)
+        return 2
+    seconds = getattr(options, "in_seconds", None)
+    if seconds is not None and seconds <= 0:
+        print("effect-ledger: --in-seconds must be positive", file=sys.stderr)
+        return 2
+    try:
+        rows, token = principal_tokens(
+            _database_url(options), options.tenant, options.principal_command, getattr(options, "id", "") or "",
+            expires_at, seconds, getattr(options, "never", False), getattr(options, "subject", None),
+        )
+    except InvalidArgument as error:
+        print(f"effect-ledger: {error}", file=sys.stderr)
+        return 2
+    for row in rows:
+        print(
+            f"{row['principal_id']}\troles={row['roles']}\tdisabled_at={row['disabled_at'] or '-'}"
+            f"\ttoken_expires_at={row['token_expires_at'] or 'never'}\ttoken_issued_at={row['token_issued_at']}"
+            f"\tclient_subject={row['client_subject'] or '-'}"
+        )
+    if token:
+        print(token)
+        print("# the new token is shown once; the old one no longer works", file=sys.stderr)
     return 0
 
 
@@ -429,6 +615,56 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--approval-ttl-seconds-max", type=int, default=int(_env("approval-ttl-seconds-max", "604800")))
     serve.add_argument("--checkpoint-signing-key", default=_env("checkpoint-signing-key"), help="Ed25519 private key (PEM) that signs exports")
     serve.add_argument("--checkpoint-verification-key", default=_env("checkpoint-verification-key"), help="Ed25519 public key (PEM); imports must be signed by its pair")
+    serve.add_argument("--tls-cert", default=_env("tls-cert"), help="the server's certificate chain (PEM): serve TLS")
+    serve.add_argument("--tls-key", default=_env("tls-key"), help="the private key of --tls-cert (PEM, unencrypted)")
+    serve.add_argument(
+        "--tls-client-ca", default=_env("tls-client-ca"),
+        help="CA certificates (PEM): every client must present a certificate one of them signed (mTLS)",
+    )
+    serve.add_argument(
+        "--insecure", action="store_true", default=_env_flag("insecure"),
+        help="allow plaintext on a non-loopback --listen address (refused without it; loopback "
+        "addresses are always allowed plaintext)",
+    )
+    defaults = Limits()
+    limits = serve.add_argument_group(
+        "limits", "per server process unless named per tenant (docs/threat-model.md); each has its EFFECT_LEDGER_ variable"
+    )
+    limits.add_argument(
+        "--requests-per-second-per-token", type=float,
+        default=float(_env("requests-per-second-per-token", str(defaults.requests_per_second_per_token))),
+        help="calls a second one bearer token may make (token bucket; 0: unlimited)",
+    )
+    limits.add_argument(
+        "--request-burst-per-token", type=int,
+        default=int(_env("request-burst-per-token", str(defaults.request_burst_per_token))),
+        help="calls one token may make at once before the rate applies",
+    )
+    limits.add_argument(
+        "--streams-per-principal-max", type=int,
+        default=int(_env("streams-per-principal-max", str(defaults.streams_per_principal_max))),
+        help="open streams (WatchApprovals, ExportCheckpoint, ImportCheckpoint) per principal",
+    )
+    limits.add_argument(
+        "--stream-lifetime-max-seconds", type=float,
+        default=float(_env("stream-lifetime-max-seconds", str(defaults.stream_lifetime_max_seconds))),
+        help="the longest a stream lives (WatchApprovals then ends and the client resumes from its cursor)",
+    )
+    limits.add_argument(
+        "--open-approval-requests-per-tenant-max", type=int,
+        default=int(_env("open-approval-requests-per-tenant-max", str(defaults.open_approval_requests_per_tenant_max))),
+        help="a tenant's pending approval requests at once",
+    )
+    limits.add_argument(
+        "--artifacts-per-tenant-max", type=int,
+        default=int(_env("artifacts-per-tenant-max", str(defaults.artifacts_per_tenant_max))),
+        help="a tenant's stored artifacts (deleted ones not counted)",
+    )
+    limits.add_argument(
+        "--snapshots-per-tenant-max", type=int,
+        default=int(_env("snapshots-per-tenant-max", str(defaults.snapshots_per_tenant_max))),
+        help="a tenant's recorded snapshots",
+    )
     serve.set_defaults(handler=command_serve)
 
     migrate = commands.add_parser("migrate", help="apply database migrations")
@@ -447,6 +683,31 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--id", required=True)
         sub.add_argument("--role", action="append", required=True, choices=[r.value for r in Role])
         sub.set_defaults(handler=handler)
+    for name, help_text in (
+        ("list", "list a tenant's principals: roles, disabled, token expiry"),
+        ("disable", "refuse the principal's token from its next call, on every replica"),
+        ("enable", "accept the principal's token again"),
+        ("rotate", "issue a new token (printed once); the old one stops working at once"),
+        ("expire", "set when the token stops working: now (default), --at, --in-seconds, or --never"),
+        ("bind", "accept the token only over mTLS from a client certificate of this subject (--subject), or --clear"),
+    ):
+        sub = principal_commands.add_parser(name, help=help_text)
+        _database_argument(sub)
+        sub.add_argument("--tenant", required=True)
+        if name != "list":
+            sub.add_argument("--id", required=True)
+        if name == "rotate":
+            sub.add_argument("--in-seconds", dest="in_seconds", type=int, default=None, help="the new token expires after this")
+        if name == "expire":
+            when = sub.add_mutually_exclusive_group()
+            when.add_argument("--at", default="", help="an ISO 8601 instant with a time zone")
+            when.add_argument("--in-seconds", dest="in_seconds", type=int, default=None)
+            when.add_argument("--never", action="store_true")
+        if name == "bind":
+            which = sub.add_mutually_exclusive_group(required=True)
+            which.add_argument("--subject", default=None, help="the certificate subject, RFC 2253 (e.g. 'CN=agent-7,O=Example')")
+            which.add_argument("--clear", action="store_true", help="no binding: the token works from any peer")
+        sub.set_defaults(handler=command_principal_tokens)
 
     keys = commands.add_parser(
         "checkpoint-keys",

@@ -4,10 +4,17 @@ server's rich error details turned back into the service's own exception classes
     from effect_ledger.client import LedgerClient
     client = LedgerClient("127.0.0.1:50051", token)
     run = client.runs.CreateRun(runs_pb2.CreateRunRequest())
+
+Over TLS, name the CA that signed the server's certificate; with mTLS, the client's own
+certificate and key as well (each as PEM bytes or a file path):
+
+    client = LedgerClient("ledger.internal:50051", token, root_certificates="ca.pem",
+                          client_certificate="agent.pem", client_key="agent-key.pem")
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import grpc
@@ -21,9 +28,15 @@ from effectledger.v1 import (
     budgets_pb2_grpc,
     checkpoints_pb2_grpc,
     gate_pb2_grpc,
+    principals_pb2_grpc,
     runs_pb2_grpc,
     tools_pb2_grpc,
 )
+
+# PEM bytes, or the path of a PEM file.
+Pem = bytes | str | os.PathLike
+# A CA bundle, a certificate chain or a key is a few KiB; a larger file is not one of those.
+PEM_FILE_SIZE_MAX_BYTES = 1024 * 1024
 
 _CLASS_BY_CODE = {grpc_code: error_class for error_class, grpc_code, _ in reversed(ERROR_TABLE)}
 _CLASS_BY_CODE[grpc.StatusCode.UNAVAILABLE] = errors.Unavailable
@@ -100,8 +113,23 @@ class LedgerClient:
         *,
         timeout_seconds: float = 10.0,
         channel: grpc.Channel | None = None,
+        root_certificates: Pem | None = None,
+        client_certificate: Pem | None = None,
+        client_key: Pem | None = None,
     ) -> None:
-        self.channel = channel or grpc.insecure_channel(target)
+        """Plaintext unless a TLS option is given. ``root_certificates``: the CA that signed the
+        server's certificate (without it, the system's default roots); ``client_certificate`` and
+        ``client_key``: this client's certificate chain and key, for a server that requires
+        client certificates (mTLS)."""
+        credentials = channel_credentials(root_certificates, client_certificate, client_key)
+        if channel is not None and credentials is not None:
+            raise ValueError("give either a channel or TLS options, not both")
+        if channel is not None:
+            self.channel = channel
+        elif credentials is not None:
+            self.channel = grpc.secure_channel(target, credentials)
+        else:
+            self.channel = grpc.insecure_channel(target)
         metadata = (("authorization", f"Bearer {token}"),)
         self.tools = _Stub(tools_pb2_grpc.ToolRegistryStub(self.channel), metadata, timeout_seconds)
         self.runs = _Stub(runs_pb2_grpc.RunsStub(self.channel), metadata, timeout_seconds)
@@ -109,6 +137,7 @@ class LedgerClient:
         self.approvals = _Stub(approvals_pb2_grpc.ApprovalsStub(self.channel), metadata, timeout_seconds)
         self.budgets = _Stub(budgets_pb2_grpc.BudgetsStub(self.channel), metadata, timeout_seconds)
         self.checkpoints = _Stub(checkpoints_pb2_grpc.CheckpointsStub(self.channel), metadata, timeout_seconds)
+        self.principals = _Stub(principals_pb2_grpc.PrincipalsStub(self.channel), metadata, timeout_seconds)
 
     def close(self) -> None:
         self.channel.close()
@@ -118,3 +147,30 @@ class LedgerClient:
 
     def __exit__(self, *_exc: object) -> None:
         self.close()
+
+
+def channel_credentials(
+    root_certificates: Pem | None = None,
+    client_certificate: Pem | None = None,
+    client_key: Pem | None = None,
+) -> grpc.ChannelCredentials | None:
+    """TLS credentials for a channel to the ledger; None when no option is given (plaintext)."""
+    if (client_certificate is None) != (client_key is None):
+        raise ValueError("client_certificate and client_key come together")
+    if root_certificates is None and client_certificate is None:
+        return None
+    return grpc.ssl_channel_credentials(
+        root_certificates=_pem(root_certificates),
+        private_key=_pem(client_key),
+        certificate_chain=_pem(client_certificate),
+    )
+
+
+def _pem(value: Pem | None) -> bytes | None:
+    if value is None or isinstance(value, bytes):
+        return value
+    with open(value, "rb") as file:
+        data = file.read(PEM_FILE_SIZE_MAX_BYTES + 1)
+    if len(data) > PEM_FILE_SIZE_MAX_BYTES:
+        raise ValueError(f"{os.fspath(value)}: larger than {PEM_FILE_SIZE_MAX_BYTES} bytes, not a PEM file")
+    return data

@@ -20,6 +20,20 @@ class Limits:
     target_unknown_effects_in_policy_max: int = 20
     labels_max: int = 32
     lease_sweep_batch_max: int = 100
+    # Streams (WatchApprovals, ExportCheckpoint, ImportCheckpoint) open at once per principal,
+    # per server process; and the longest any stream lives (WatchApprovals then ends normally
+    # and the client resumes from its cursor; the others end with DEADLINE_EXCEEDED).
+    streams_per_principal_max: int = 8
+    stream_lifetime_max_seconds: float = 300.0
+    # Calls per second per bearer token (token buckets, per server process; 0: unlimited),
+    # and the burst a caller may spend at once.
+    requests_per_second_per_token: float = 500.0
+    request_burst_per_token: int = 1000
+    # Tenant quotas: what one tenant may keep at once (checked before each new one is stored;
+    # concurrent requests may pass a quota by their number).
+    open_approval_requests_per_tenant_max: int = 10_000
+    artifacts_per_tenant_max: int = 100_000
+    snapshots_per_tenant_max: int = 100_000
 
 
 @dataclass(frozen=True)
@@ -52,4 +66,10 @@ class ServerSettings:
     # an import must carry a manifest signature that verifies.
     checkpoint_signing_key: str = ""
     checkpoint_verification_key: str = ""
+    # TLS (PEM files): the server's certificate chain and its private key; with a client CA as
+    # well, every client must present a certificate that CA signed (mTLS). Without them the
+    # port speaks plaintext, which `serve` allows on a loopback address only unless --insecure.
+    tls_certificate: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""
     limits: Limits = Limits()

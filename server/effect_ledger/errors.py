@@ -158,6 +158,28 @@ class DeadlineExceeded(LedgerError):
     default_reason = "DEADLINE_EXCEEDED"
 
 
+class ResourceExhausted(LedgerError):
+    """A limit of the caller's was reached (streams, concurrent calls, a quota): retry later.
+
+    ``subject`` names the limit (QuotaFailure); ``retry_after_ms`` is the delay RetryInfo gives.
+    """
+
+    default_reason = "RESOURCE_EXHAUSTED"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        subject: str = "",
+        retry_after_ms: int = 1000,
+        reason: str | None = None,
+        metadata: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message, reason=reason, metadata=metadata)
+        self.subject = subject
+        self.retry_after_ms = retry_after_ms
+
+
 @dataclass
 class CommitThenRaise(Exception):
     """Raised by a use case whose writes must be committed although the call fails.

@@ -36,6 +36,7 @@ from support import (
 )
 
 from effect_ledger.client import error_from_rpc
+from effect_ledger.config import Limits
 from effect_ledger.storage.notifications import LISTEN_APPLICATION_NAME, WATCHERS_MAX
 from effectledger.v1 import approvals_pb2, common_pb2
 
@@ -295,7 +296,12 @@ def test_idle_streams_make_no_database_transactions_and_the_streams_are_bounded(
             admin.tools.PutToolContract(irreversible())
             approval = request_approval(agent, new_run(agent))
         wait_for_listener(server, url)
-        clients.extend(tenant.client(server, "auditor") for _ in range(4))
+        # Streams per principal are capped (Limits.streams_per_principal_max): enough auditors
+        # that the process-wide cap is the one reached.
+        auditors = [f"auditor-{index}" for index in range(WATCHERS_MAX // Limits().streams_per_principal_max)]
+        for auditor in auditors:
+            tenant.add(auditor, "auditor")
+        clients.extend(tenant.client(server, auditor) for auditor in auditors)
         for index in range(WATCHERS_MAX):
             streams.append(
                 clients[index % len(clients)].approvals.WatchApprovals(
@@ -304,7 +310,9 @@ def test_idle_streams_make_no_database_transactions_and_the_streams_are_bounded(
             )
         for call in streams:
             assert next(call).approval.approval_id == approval.approval_id  # each stream has read once
-        refused = clients[0].approvals.WatchApprovals(approvals_pb2.WatchApprovalsRequest(), timeout=5)
+        tenant.add("auditor-extra", "auditor")  # a principal with no stream yet: the process is full
+        clients.append(tenant.client(server, "auditor-extra"))
+        refused = clients[-1].approvals.WatchApprovals(approvals_pb2.WatchApprovalsRequest(), timeout=5)
         with pytest.raises(grpc.RpcError) as error:
             next(refused)
         assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -325,13 +333,15 @@ def test_idle_streams_make_no_database_transactions_and_the_streams_are_bounded(
             time.sleep(0.25)
         assert committed_transactions(url) - start >= WATCHERS_MAX, "the count does not see the re-reads"
 
-        # A stream ended by cancellation, then one ended by its deadline, each gives its slot back.
+        # A stream ended by cancellation, then one ended by its deadline, each gives its slot back
+        # (both the process's and its principal's).
         streams.pop().cancel()
-        short = accepted_stream(clients[0], seconds=1.0)
+        owner = clients[(WATCHERS_MAX - 1) % len(auditors)]
+        short = accepted_stream(owner, seconds=1.0)
         with pytest.raises(grpc.RpcError) as ended:
             next(short)  # nothing more: it waits until its deadline
         assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        streams.append(accepted_stream(clients[1], seconds=STREAM_SECONDS))
+        streams.append(accepted_stream(owner, seconds=STREAM_SECONDS))
     finally:
         for call in streams:
             call.cancel()

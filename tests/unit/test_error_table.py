@@ -25,6 +25,7 @@ EXPECTED_CODES = {
     errors.CommitOutcomeUnknown: grpc.StatusCode.UNAVAILABLE,
     errors.Conflict: grpc.StatusCode.ABORTED,
     errors.DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
+    errors.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 
 
@@ -62,6 +63,7 @@ def unpack(rich: status_pb2.Status) -> dict[str, object]:
         "PreconditionFailure": error_details_pb2.PreconditionFailure,
         "ResourceInfo": error_details_pb2.ResourceInfo,
         "RetryInfo": error_details_pb2.RetryInfo,
+        "QuotaFailure": error_details_pb2.QuotaFailure,
     }
     found = {}
     for packed in rich.details:
@@ -142,6 +144,18 @@ def test_not_found_carries_resource_info():
 def test_retryable_errors_carry_retry_info(error, delay_ms):
     delay = unpack(decode(to_status(error)))["RetryInfo"].retry_delay
     assert delay.seconds * 1000 + delay.nanos // 1_000_000 == delay_ms
+
+
+def test_resource_exhausted_carries_retry_info_and_the_limit():
+    error = errors.ResourceExhausted(
+        "at most 4 streams per principal", subject="streams/agent-1", retry_after_ms=2500, reason="STREAMS_EXHAUSTED"
+    )
+    details = unpack(decode(to_status(error)))
+    assert details["ErrorInfo"].reason == "STREAMS_EXHAUSTED"
+    delay = details["RetryInfo"].retry_delay
+    assert (delay.seconds, delay.nanos) == (2, 500_000_000)
+    (violation,) = details["QuotaFailure"].violations
+    assert (violation.subject, violation.description) == ("streams/agent-1", "at most 4 streams per principal")
 
 
 def test_errors_without_extra_details_carry_only_error_info():

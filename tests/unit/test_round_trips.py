@@ -19,7 +19,8 @@ from sqlalchemy import event, text
 
 from effect_ledger.storage import round_trips
 from effect_ledger.storage.engine import DatabaseSettings, create_async
-from effect_ledger.transport.server import ErrorsAndDeadlines
+from effect_ledger.config import Limits
+from effect_ledger.transport.guard import Guard
 
 AUTHORIZE = "/effectledger.v1.Gate/AuthorizeEffect"
 PG_URL = os.environ.get("EFFECT_LEDGER_TEST_PG_URL", "postgresql://root@127.0.0.1:5432/postgres")
@@ -155,9 +156,14 @@ async def test_the_interceptor_attributes_the_call_to_its_method(counting):
     async def continuation(details):
         return grpc.unary_unary_rpc_method_handler(authorize)
 
+    async def authenticate(token, peer_subject):
+        raise AssertionError("the call succeeds: the guard has no reason to authenticate it")
+
     async def call() -> None:
-        handler = await ErrorsAndDeadlines(5.0).intercept_service(
-            continuation, SimpleNamespace(method=AUTHORIZE)
+        guard = Guard(5.0, 8, Limits(), authenticate)
+        metadata = (("authorization", "Bearer token"),)
+        handler = await guard.intercept_service(
+            continuation, SimpleNamespace(method=AUTHORIZE, invocation_metadata=metadata)
         )
         assert (
             await handler.unary_unary(b"request", SimpleNamespace(time_remaining=lambda: 4.0))

@@ -70,6 +70,8 @@ class Principal:
     tenant_id: str
     principal_id: str
     roles: frozenset[Role]
+    # The client certificate subject its token is bound to (None: not bound).
+    client_subject: str | None = None
 
     def has_any(self, roles: frozenset[Role]) -> bool:
         return bool(self.roles & roles)

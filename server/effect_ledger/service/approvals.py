@@ -12,6 +12,7 @@ from effect_ledger.domain.canonical import intent_digest, parse_json
 from effect_ledger.domain.contracts import check_identifier, check_target, check_text, check_tool_name
 from effect_ledger.domain.model import Principal
 from effect_ledger.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, PreconditionViolation
+from effect_ledger.service import quotas
 from effect_ledger.storage import approval_store as store
 from effect_ledger.storage import repository as repo
 from effect_ledger.storage.engine import UnitOfWork
@@ -22,6 +23,9 @@ class ApprovalSettings:
     ttl_seconds_default: int = 3600
     ttl_seconds_max: int = 7 * 86_400
     arguments_size_max_bytes: int = 64 * 1024
+    # A tenant's open requests (PENDING, not expired) at once: a quota, checked before a new
+    # request is filed (concurrent requests may pass it by their number).
+    open_requests_per_tenant_max: int = 10_000
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,7 @@ async def ensure_request(
     reusable: bool,
     reason: str,
     ttl_seconds: int,
+    open_max: int,
 ) -> Approval:
     """The open request for this intent, or a new one. An open request (PENDING, or APPROVED by
     fewer reviewers than policy now asks for) is returned, its quorum raised to policy's."""
@@ -83,6 +88,10 @@ async def ensure_request(
         elif state == ApprovalState.APPROVED:
             continue  # an approved request that policy found wanting for another reason
         return approval
+    if await store.open_requests(unit.connection, tenant, unit.now, open_max) >= open_max:
+        raise quotas.exceeded(
+            "open_approval_requests", tenant, open_max, "decide, revoke or let some expire"
+        )
     approval = Approval(
         approval_id=repo.new_id("apr"),
         run_id=intent.run_id,
@@ -111,7 +120,7 @@ async def request_approval(
     check_identifier(request.run_id, "run_id")
     check_tool_name(request.tool)
     check_target(request.target)
-    check_text(request.reason, "reason", required=False)
+    check_text(request.reason, "reason", required=False, lines=True)
     arguments = parse_json(request.arguments_json, field="arguments_json", size_max_bytes=settings.arguments_size_max_bytes)
     ttl = _ttl(request.ttl_seconds, settings)
     if await repo.get_run(unit.connection, principal.tenant_id, request.run_id) is None:
@@ -129,6 +138,7 @@ async def request_approval(
     return await ensure_request(
         unit, principal, intent, request.target, arguments,
         quorum=1, reusable=request.reusable, reason=request.reason, ttl_seconds=ttl,
+        open_max=settings.open_requests_per_tenant_max,
     )
 
 
@@ -151,7 +161,7 @@ def _not_decidable(approval: Approval, state: ApprovalState) -> FailedPreconditi
 
 async def decide(unit: UnitOfWork, principal: Principal, approval_id: str, approve: bool, comment: str) -> Approval:
     """A reviewer's vote, checked under current facts: role now, never the requester."""
-    check_text(comment, "comment", required=not approve)
+    check_text(comment, "comment", required=not approve, lines=True)
     approval = await _locked(unit, principal, approval_id)
     if principal.principal_id == approval.requested_by:
         raise PermissionDenied("the principal that requested the effect cannot decide on it", reason="SELF_APPROVAL")
@@ -177,7 +187,7 @@ async def decide(unit: UnitOfWork, principal: Principal, approval_id: str, appro
 
 
 async def revoke(unit: UnitOfWork, principal: Principal, approval_id: str, reason: str) -> Approval:
-    check_text(reason, "reason", required=True)
+    check_text(reason, "reason", required=True, lines=True)
     approval = await _locked(unit, principal, approval_id)
     deciding = principal.has_any(frozenset(rules.DECIDING_ROLES))
     if not deciding and principal.principal_id != approval.requested_by:
@@ -206,10 +216,18 @@ async def get(unit: UnitOfWork, principal: Principal, approval_id: str) -> Appro
     return approval
 
 
+def _check_filters(run_id: str, tool: str) -> None:
+    if run_id:
+        check_identifier(run_id, "run_id")
+    if tool:
+        check_tool_name(tool)
+
+
 async def list_approvals(
     unit: UnitOfWork, principal: Principal, *, run_id: str, state: str, tool: str, after_id: str, limit: int
 ) -> list[Approval]:
     """Filtered by run, tool and effective state (EXPIRED is read from the clock)."""
+    _check_filters(run_id, tool)
     stored_state = "" if state in ("", ApprovalState.EXPIRED.value) else state
     found: list[Approval] = []
     cursor = after_id
@@ -239,6 +257,7 @@ async def feed_after(
     unit: UnitOfWork, principal: Principal, after_sequence: int, *, run_id: str, tool: str, limit: int
 ) -> list[FeedEvent]:
     """The caller's tenant's approval events after the cursor, in sequence order, filtered."""
+    _check_filters(run_id, tool)
     rows = await store.events_after(unit.connection, principal.tenant_id, after_sequence, run_id, tool, limit)
     approvals: dict[str, Approval] = {}
     events = []

@@ -14,7 +14,6 @@ from effect_ledger.domain.approvals import Intent
 from effect_ledger.domain.budgets import Budget
 from effect_ledger.domain.canonical import canonical_bytes, intent_digest, parse_json, sha256_hex
 from effect_ledger.domain.contracts import (
-    argument_violations,
     check_identifier,
     check_target,
     check_tool_name,
@@ -42,6 +41,7 @@ from effect_ledger.domain.model import (
 from effect_ledger.domain.policy_input import build_policy_input
 from effect_ledger.errors import (
     CommitThenRaise,
+    FieldViolation,
     Conflict,
     FailedPrecondition,
     InvalidArgument,
@@ -49,7 +49,7 @@ from effect_ledger.errors import (
     PreconditionViolation,
 )
 from effect_ledger.policy.engine import PolicyDecision, PolicyEngine
-from effect_ledger.service import approvals, budgets
+from effect_ledger.service import approvals, argument_checks, budgets
 from effect_ledger.service.approvals import ApprovalSettings
 from effect_ledger.service.leases import (
     adopt_clock,
@@ -60,6 +60,15 @@ from effect_ledger.storage import repository as repo
 from effect_ledger.storage.engine import UnitOfWork
 
 LEDGER_ENGINE = "ledger"
+
+
+async def checked_arguments(contract: ToolContract, arguments: dict[str, Any], tenant_id: str) -> list[FieldViolation]:
+    """The arguments' violations of the contract's schema, found by a worker process
+    (``argument_checks``): the event loop serves every other call meanwhile."""
+    return await argument_checks.CHECKER.violations(
+        contract.arguments_schema, arguments, tenant_id, contract.tool, contract.revision
+    )
+
 
 @dataclass(frozen=True)
 class AuthorizeRequest:
@@ -220,6 +229,7 @@ class Authorizer:
                 unit, principal, facts.intent, request.target, arguments,
                 quorum=policy_decision.quorum, reusable=False,
                 reason="the gate answered REQUIRE_APPROVAL", ttl_seconds=self.approval_settings.ttl_seconds_default,
+                open_max=self.approval_settings.open_requests_per_tenant_max,
             )
             admitted = replace(admitted, approval_request_id=requested.approval_id)
         await repo.insert_decision(unit.connection, principal.tenant_id, decision)
@@ -264,7 +274,7 @@ class Authorizer:
         digest = intent_digest(tool=request.tool, tool_revision=revision, target=request.target, arguments=arguments)
         verdict = lifecycle.ledger_verdict(effect, pinned, digest)
         if verdict.kind == VerdictKind.NEW_EFFECT and current is not None and current.arguments_schema:
-            violations = argument_violations(current.arguments_schema, arguments)
+            violations = await checked_arguments(current, arguments, tenant)
             if violations:
                 raise InvalidArgument(
                     "the arguments do not satisfy the tool's arguments schema",

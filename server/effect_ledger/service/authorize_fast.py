@@ -19,12 +19,12 @@ from effect_ledger.domain import lifecycle
 from effect_ledger.domain.approvals import Intent
 from effect_ledger.domain.budgets import Budget, ReservationState
 from effect_ledger.domain.canonical import intent_digest
-from effect_ledger.domain.contracts import argument_violations
 from effect_ledger.domain.lifecycle import VerdictKind
+from effect_ledger.domain.tokens import check_certificate_binding
 from effect_ledger.domain.model import Attempt, Decision, Effect, Outcome, Principal, Reason, Role, Stage
 from effect_ledger.errors import InvalidArgument, NotFound, PermissionDenied, Unauthenticated
 from effect_ledger.domain.gate_rules import IntentFacts, authorized_events
-from effect_ledger.service.authorize import AuthorizeRequest, AuthorizeResult, decide, policy_input_of
+from effect_ledger.service.authorize import AuthorizeRequest, AuthorizeResult, checked_arguments, decide, policy_input_of
 from effect_ledger.service.gate import Gate
 from effect_ledger.storage import gate_store
 from effect_ledger.storage import repository as repo
@@ -36,10 +36,12 @@ class Fallback(Exception):
     """This call needs the general path; nothing was written."""
 
 
-def authenticated(principal: Principal | None, roles: frozenset[Role]) -> Principal:
-    """The caller, as ``Application.call`` checks it: a known, enabled token with a role."""
+def authenticated(principal: Principal | None, roles: frozenset[Role], peer_subject: str | None) -> Principal:
+    """The caller, as ``Application.call`` checks it: a known, enabled token, from the client
+    certificate it is bound to (if any), with a role."""
     if principal is None:
         raise Unauthenticated("unknown or disabled token", reason="TOKEN_UNKNOWN")
+    check_certificate_binding(principal, peer_subject)
     if not principal.has_any(roles):
         raise PermissionDenied(
             f"needs one of the roles {sorted(r.value for r in roles)}",
@@ -49,8 +51,8 @@ def authenticated(principal: Principal | None, roles: frozenset[Role]) -> Princi
     return principal
 
 
-def _intent_facts(
-    facts: gate_store.AuthorizeFacts, request: AuthorizeRequest, arguments: dict[str, Any]
+async def _intent_facts(
+    facts: gate_store.AuthorizeFacts, request: AuthorizeRequest, arguments: dict[str, Any], tenant_id: str
 ) -> IntentFacts:
     """As ``Gate._intent_facts``, from facts already read."""
     run, effect, current = facts.run, facts.effect, facts.current
@@ -71,7 +73,7 @@ def _intent_facts(
     if verdict.kind == VerdictKind.KEY_REUSED:
         raise Fallback("a reused key: the general path records the refusal")
     if verdict.kind == VerdictKind.NEW_EFFECT and current is not None and current.arguments_schema:
-        violations = argument_violations(current.arguments_schema, arguments)
+        violations = await checked_arguments(current, arguments, tenant_id)
         if violations:
             raise InvalidArgument(
                 "the arguments do not satisfy the tool's arguments schema",
@@ -87,7 +89,7 @@ def _intent_facts(
 
 async def authorize(
     gate: Gate, connection: Any, token_hash: str, roles: frozenset[Role], request: AuthorizeRequest,
-    arguments: dict[str, Any],
+    arguments: dict[str, Any], peer_subject: str | None = None,
 ) -> AuthorizeResult:
     limits = gate.limits
     custom = bool(set(request.estimate) - budget_rules.STANDARD_DIMENSIONS)
@@ -95,14 +97,14 @@ async def authorize(
         connection, token_hash, request.run_id, request.idempotency_key, request.tool, request.target,
         limits.run_open_effects_in_policy_max, limits.target_unknown_effects_in_policy_max + 1, custom,
     )
-    principal = authenticated(facts.principal, roles)
+    principal = authenticated(facts.principal, roles, peer_subject)
     if facts.run is None:
         raise NotFound("run", request.run_id)
     if facts.has_approvals:
         raise Fallback("approvals exist for this tool on the run: the general path binds them")
     now = facts.now
     assert now is not None
-    intent = _intent_facts(facts, request, arguments)
+    intent = await _intent_facts(facts, request, arguments, principal.tenant_id)
     if any(b.period_ends_at is not None and b.period_ends_at <= now for b in facts.budgets):
         raise Fallback("a budget period ended: the general path rolls it over")
     contract = intent.pinned or intent.current

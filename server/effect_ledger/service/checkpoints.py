@@ -18,6 +18,7 @@ from effect_ledger.domain.trace import timestamp_text
 from effect_ledger.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, PreconditionViolation
 from effect_ledger.policy.engine import PolicyEngine
 from effect_ledger.domain.gate_rules import expired_in_memory
+from effect_ledger.service import quotas
 from effect_ledger.storage import approval_store, budget_store
 from effect_ledger.storage import checkpoint_store as store
 from effect_ledger.storage import key_store
@@ -179,6 +180,7 @@ async def seal(unit: UnitOfWork, principal: Principal, request: SealRequest, pol
     """
     tenant = principal.tenant_id
     check_identifier(request.run_id, "run_id")
+    rules.check_facts(request.facts, "facts")
     state = parse_json(request.state_json, field="state_json", size_max_bytes=rules.STATE_SIZE_MAX_BYTES)
     if state.get(LIFETIME_KEY) == "live_continuation":
         raise live_continuation_refused()
@@ -227,6 +229,8 @@ async def _checkpoint(unit: UnitOfWork, principal: Principal, checkpoint_id: str
 
 async def register(unit: UnitOfWork, principal: Principal, checkpoint_id: str, facts: Facts | None) -> CheckpointRecord:
     """Validate schema version, digests and ownership; freeze the record with its facts."""
+    if facts is not None:
+        rules.check_facts(facts, "facts")
     record = await _checkpoint(unit, principal, checkpoint_id, lock=True)
     facts = facts or record.facts
     if record.status == "REGISTERED":
@@ -270,6 +274,7 @@ async def list_for_run(unit: UnitOfWork, principal: Principal, run_id: str, afte
 
 
 async def check(unit: UnitOfWork, principal: Principal, checkpoint_id: str, current: Facts) -> rules.CompatibilityVerdict:
+    rules.check_facts(current, "current")
     record = await _checkpoint(unit, principal, checkpoint_id)
     statuses = await store.artifact_statuses(unit.connection, principal.tenant_id, [r.digest for r in record.artifacts])
     recorded_open = [e["effect_id"] for e in record.ledger.get("effects", {}).get("open", [])]
@@ -312,7 +317,7 @@ async def resume(
     context_manifest_digest: str,
 ) -> ResumeResult:
     """Continue the same run under a new configuration: knowledge restored, authority current."""
-    check_text(reason, "reason", required=True)
+    check_text(reason, "reason", required=True, lines=True)
     for field, value in zip(("configuration.provider", "configuration.model", "configuration.adapter"), configuration, strict=True):
         check_text(value, field, required=False, length_max=128)
     if context_manifest_digest:
@@ -352,7 +357,7 @@ async def resume(
 
 
 async def fork(unit: UnitOfWork, principal: Principal, checkpoint_id: str, world: str, difference: str) -> Any:
-    check_text(difference, "difference", required=True)
+    check_text(difference, "difference", required=True, lines=True)
     record = await _checkpoint(unit, principal, checkpoint_id)
     if record.status != "REGISTERED":
         raise _refused("NOT_REGISTERED", f"checkpoint/{checkpoint_id}", "only a registered checkpoint can be forked")
@@ -516,12 +521,21 @@ async def import_archive(
 # --- artifacts and sibling lifetimes -------------------------------------------------------
 
 
-async def put_artifact(unit: UnitOfWork, principal: Principal, content: bytes, media_type: str) -> store.ArtifactRow:
+async def _artifact_quota(unit: UnitOfWork, principal: Principal, quota: int) -> None:
+    if await store.stored_artifacts(unit.connection, principal.tenant_id, quota) >= quota:
+        raise quotas.exceeded("stored_artifacts", principal.tenant_id, quota, "delete artifacts no checkpoint needs")
+
+
+async def put_artifact(
+    unit: UnitOfWork, principal: Principal, content: bytes, media_type: str, quota: int
+) -> store.ArtifactRow:
     if len(content) > ARTIFACT_CONTENT_MAX_BYTES:
         raise InvalidArgument.field("content", f"at most {ARTIFACT_CONTENT_MAX_BYTES} bytes; declare larger artifacts", reason="TOO_LARGE")
     check_text(media_type, "media_type", required=False, length_max=128)
     digest = rules.content_digest(content)
     existing = await store.get_artifact(unit.connection, principal.tenant_id, digest, lock=True)
+    if existing is None or existing.status == ArtifactStatus.TOMBSTONE:
+        await _artifact_quota(unit, principal, quota)
     if existing is None:
         await store.put_artifact(
             unit.connection, principal.tenant_id, digest=digest, size_bytes=len(content), media_type=media_type,
@@ -532,16 +546,20 @@ async def put_artifact(unit: UnitOfWork, principal: Principal, content: bytes, m
     return await store.get_artifact(unit.connection, principal.tenant_id, digest)
 
 
-async def declare_artifact(unit: UnitOfWork, principal: Principal, digest: str, size_bytes: int, media_type: str, location: str) -> store.ArtifactRow:
+async def declare_artifact(
+    unit: UnitOfWork, principal: Principal, digest: str, size_bytes: int, media_type: str, location: str, quota: int
+) -> store.ArtifactRow:
     rules.check_digest(digest, "digest")
     if size_bytes < 0:
         raise InvalidArgument.field("size_bytes", "must not be negative")
+    check_text(media_type, "media_type", required=False, length_max=128)
     check_text(location, "location", required=False, length_max=1024)
     parts = urlsplit(location)
     if parts.username or parts.password:
         raise InvalidArgument.field("location", "must not carry credentials", reason="CREDENTIALS_REFUSED")
     existing = await store.get_artifact(unit.connection, principal.tenant_id, digest)
     if existing is None:
+        await _artifact_quota(unit, principal, quota)
         await store.put_artifact(
             unit.connection, principal.tenant_id, digest=digest, size_bytes=size_bytes, media_type=media_type,
             status=ArtifactStatus.PENDING, location=location, content=None, now=unit.now,
@@ -569,11 +587,15 @@ async def _require_run(unit: UnitOfWork, principal: Principal, run_id: str) -> N
         raise NotFound("run", run_id)
 
 
-async def record_snapshot(unit: UnitOfWork, principal: Principal, run_id: str, value_json: bytes) -> dict[str, Any]:
+async def record_snapshot(
+    unit: UnitOfWork, principal: Principal, run_id: str, value_json: bytes, quota: int
+) -> dict[str, Any]:
     await _require_run(unit, principal, run_id)
     value = parse_json(value_json, field="value_json", size_max_bytes=rules.STATE_SIZE_MAX_BYTES, require_object=False)
     if isinstance(value, dict) and value.get(LIFETIME_KEY) == "live_continuation":
         raise live_continuation_refused()
+    if await store.recorded_snapshots(unit.connection, principal.tenant_id, quota) >= quota:
+        raise quotas.exceeded("recorded_snapshots", principal.tenant_id, quota, "snapshots are kept with their runs")
     snapshot_id = repo.new_id("snp")
     await store.insert_snapshot(unit.connection, principal.tenant_id, snapshot_id=snapshot_id, run_id=run_id, value=value, created_by=principal.principal_id, created_at=unit.now)
     return {"snapshot_id": snapshot_id, "run_id": run_id, "value": value, "created_at": unit.now}

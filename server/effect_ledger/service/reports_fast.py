@@ -22,7 +22,7 @@ from effect_ledger.domain import lifecycle
 from effect_ledger.domain.budgets import ReservationState
 from effect_ledger.domain.lifecycle import Report
 from effect_ledger.domain.model import OPEN_STAGES, Attempt, Effect, Principal, Role, Stage, ToolContract
-from effect_ledger.domain.contracts import check_identifier
+from effect_ledger.domain.contracts import check_identifier, is_identifier
 from effect_ledger.domain.gate_rules import foreign_attempts, not_owned
 from effect_ledger.errors import NotFound
 from effect_ledger.service.authorize_fast import Fallback, authenticated
@@ -41,10 +41,16 @@ class AttemptFacts:
     reservations: list[dict[str, Any]]
 
 
-async def _facts(connection: Any, token_hash: str, roles: frozenset[Role], attempt_id: str) -> AttemptFacts:
+async def _facts(
+    connection: Any, token_hash: str, roles: frozenset[Role], attempt_id: str, peer_subject: str | None
+) -> AttemptFacts:
+    if not is_identifier(attempt_id):
+        # Never sent to the database (a NUL is not text there); the general path authenticates
+        # the caller first and then refuses the id.
+        raise Fallback("a malformed attempt id: the general path refuses it")
     document = await gate_store.attempt_facts(connection, token_hash, attempt_id)
     row = document["principal"]
-    principal = authenticated(gate_store.principal_of(row) if row else None, roles)
+    principal = authenticated(gate_store.principal_of(row) if row else None, roles, peer_subject)
     check_identifier(attempt_id, "attempt_id")
     if document.get("effect") is None:
         raise NotFound("attempt", attempt_id)
@@ -78,9 +84,10 @@ async def report(
     roles: frozenset[Role],
     attempt_id: str,
     make_report: Callable[[datetime], Report],
+    peer_subject: str | None = None,
 ) -> AttemptResult:
     """As ``Gate.report``; ``make_report`` builds the report at the clock read under the lock."""
-    facts = await _facts(connection, token_hash, roles, attempt_id)
+    facts = await _facts(connection, token_hash, roles, attempt_id, peer_subject)
     report = make_report(facts.now)
     if report.usage:
         if not set(report.usage) <= budget_rules.STANDARD_DIMENSIONS:
@@ -163,10 +170,11 @@ def _settlements(facts: AttemptFacts, stage: Stage, usage: dict[str, int] | None
 
 
 async def renew_lease(
-    gate: Gate, connection: Any, token_hash: str, roles: frozenset[Role], attempt_id: str
+    gate: Gate, connection: Any, token_hash: str, roles: frozenset[Role], attempt_id: str,
+    peer_subject: str | None = None,
 ) -> AttemptResult:
     """As ``Gate.renew_lease``."""
-    facts = await _facts(connection, token_hash, roles, attempt_id)
+    facts = await _facts(connection, token_hash, roles, attempt_id, peer_subject)
     attempt = facts.attempt
     if attempt.stage == Stage.UNKNOWN:
         raise attempt_refusal("LEASE_EXPIRED", "the lease ran out; the attempt is UNKNOWN now", attempt)

@@ -7,7 +7,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, bindparam, insert, select, text, update
+from sqlalchemy import and_, bindparam, func, insert, select, text, update
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -148,6 +148,18 @@ async def listed(
     if state:
         conditions.append(approvals.c.state == state)
     return await _load(connection, tenant_id, and_(*conditions), lock=False, limit=limit)
+
+
+async def open_requests(connection: AsyncConnection, tenant_id: str, now: datetime, up_to: int) -> int:
+    """How many of the tenant's requests are PENDING and not expired, counted up to ``up_to``
+    (a quota check reads no further than its limit)."""
+    pending = (
+        select(approvals.c.approval_id)
+        .where(approvals.c.tenant_id == tenant_id, approvals.c.state == "PENDING", approvals.c.expires_at > now)
+        .limit(up_to)
+        .subquery()
+    )
+    return int((await connection.execute(select(func.count()).select_from(pending))).scalar_one())
 
 
 async def insert_approval(connection: AsyncConnection, tenant_id: str, approval: Approval) -> None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable
 
-from sqlalchemy import and_, bindparam, insert, select, update
+from sqlalchemy import and_, bindparam, func, insert, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -211,6 +211,23 @@ async def set_artifact(connection: AsyncConnection, tenant_id: str, digest: str,
 
 
 # --- sibling lifetimes ---------------------------------------------------------------------
+
+
+async def stored_artifacts(connection: AsyncConnection, tenant_id: str, up_to: int) -> int:
+    """The tenant's artifacts that are not deleted, counted up to ``up_to`` (a quota check)."""
+    kept = (
+        select(artifacts.c.digest)
+        .where(artifacts.c.tenant_id == tenant_id, artifacts.c.status != ArtifactStatus.TOMBSTONE.value)
+        .limit(up_to)
+        .subquery()
+    )
+    return int((await connection.execute(select(func.count()).select_from(kept))).scalar_one())
+
+
+async def recorded_snapshots(connection: AsyncConnection, tenant_id: str, up_to: int) -> int:
+    """The tenant's snapshots, counted up to ``up_to`` (a quota check)."""
+    kept = select(snapshots.c.snapshot_id).where(snapshots.c.tenant_id == tenant_id).limit(up_to).subquery()
+    return int((await connection.execute(select(func.count()).select_from(kept))).scalar_one())
 
 
 async def insert_snapshot(connection: AsyncConnection, tenant_id: str, **values: Any) -> None:

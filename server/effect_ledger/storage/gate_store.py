@@ -55,7 +55,8 @@ DECLARE
     v_effect_id text;
     v_now timestamptz;
 BEGIN
-    SELECT * INTO v_principal FROM principals WHERE token_hash = p_token_hash AND disabled_at IS NULL;
+    SELECT * INTO v_principal FROM principals WHERE token_hash = p_token_hash AND disabled_at IS NULL
+        AND (token_expires_at IS NULL OR token_expires_at > clock_timestamp());
     IF NOT FOUND THEN
         RETURN jsonb_build_object('principal', NULL);
     END IF;
@@ -162,7 +163,8 @@ DECLARE
     v_effect_id text;
     v_now timestamptz;
 BEGIN
-    SELECT * INTO v_principal FROM principals WHERE token_hash = p_token_hash AND disabled_at IS NULL;
+    SELECT * INTO v_principal FROM principals WHERE token_hash = p_token_hash AND disabled_at IS NULL
+        AND (token_expires_at IS NULL OR token_expires_at > clock_timestamp());
     IF NOT FOUND THEN
         RETURN jsonb_build_object('principal', NULL);
     END IF;
@@ -364,7 +366,10 @@ def required_time(value: str) -> datetime:
 
 
 def principal_of(row: dict[str, Any]) -> Principal:
-    return Principal(row["tenant_id"], row["principal_id"], frozenset(Role(r) for r in json.loads(row["roles"])))
+    return Principal(
+        row["tenant_id"], row["principal_id"], frozenset(Role(r) for r in json.loads(row["roles"])),
+        row.get("client_subject"),
+    )
 
 
 def run_of(row: dict[str, Any]) -> Run:

@@ -62,21 +62,31 @@ def _canonical_text(value: Any) -> str:
 
 
 async def authenticate(connection: AsyncConnection, token_hash: str) -> tuple[Principal | None, datetime | None]:
-    """The principal holding the token, read under current facts (roles as they are now),
-    and the database clock, in one round trip."""
+    """The principal holding the token, read under current facts (roles as they are now; not
+    disabled; the token not past its expiry), and the database clock, in one round trip."""
     dialect = connection.dialect.name
     query = prepared(
         "authenticate",
         dialect,
         lambda: select(
-            principals.c.tenant_id, principals.c.principal_id, principals.c.roles, clock_expression(dialect)
+            principals.c.tenant_id,
+            principals.c.principal_id,
+            principals.c.roles,
+            principals.c.token_expires_at,
+            principals.c.client_subject,
+            clock_expression(dialect),
         ).where(principals.c.token_hash == bindparam("token_hash"), principals.c.disabled_at.is_(None)),
     )
     row = (await connection.execute(query, {"token_hash": token_hash})).first()
     if row is None:
         return None, None
-    principal = Principal(row.tenant_id, row.principal_id, frozenset(Role(r) for r in json.loads(row.roles)))
-    return principal, clock_value(row.database_now)
+    now = clock_value(row.database_now)
+    if row.token_expires_at is not None and row.token_expires_at <= now:
+        return None, None  # the token expired: judged by the database's clock
+    principal = Principal(
+        row.tenant_id, row.principal_id, frozenset(Role(r) for r in json.loads(row.roles)), row.client_subject
+    )
+    return principal, now
 
 
 # --- tool contracts ------------------------------------------------------------------------

@@ -78,6 +78,12 @@ principals = Table(
     Column("roles", Text, nullable=False),  # canonical JSON array of role names
     Column("created_at", UtcDateTime, nullable=False),
     Column("disabled_at", UtcDateTime, nullable=True),
+    # When the token stops working (None: never), and when it was issued (None: at creation).
+    Column("token_expires_at", UtcDateTime, nullable=True),
+    Column("token_issued_at", UtcDateTime, nullable=True),
+    # The client certificate subject (RFC 2253) the token is bound to: with it, the token is
+    # accepted only over mTLS from that certificate. None: not bound.
+    Column("client_subject", String(1024), nullable=True),
     PrimaryKeyConstraint("tenant_id", "principal_id"),
     UniqueConstraint("token_hash"),
 )

@@ -13,17 +13,17 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from effect_ledger import faults
 from effect_ledger.config import ServerSettings
-from effect_ledger.errors import DeadlineExceeded, LedgerError
 from effect_ledger.policy.engine import PolicyEngine
+from effect_ledger.service import argument_checks
 from effect_ledger.service.gate import Gate
 from effect_ledger.service.leases import sweep_expired_leases
 from effect_ledger.storage import repository as repo
 from effect_ledger.storage import key_store, round_trips
 from effect_ledger.storage.dialect import database_now
 from effect_ledger.storage.engine import Database
-from effect_ledger.transport import status
+from effect_ledger.transport.guard import Guard
+from effect_ledger.transport.servicers_principals import PrincipalsServicer
 from effect_ledger.transport.servicers import (
     Application,
     GateServicer,
@@ -47,13 +47,24 @@ from effectledger.v1 import (
     checkpoints_pb2_grpc,
     gate_pb2,
     gate_pb2_grpc,
+    principals_pb2,
+    principals_pb2_grpc,
     runs_pb2,
     runs_pb2_grpc,
     tools_pb2,
     tools_pb2_grpc,
 )
+from datetime import datetime, timezone
+
+from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
 
 log = logging.getLogger(__name__)
+
+# Calls above the guard's admission limit that gRPC still accepts: health checks, and the
+# calls the guard refuses with RESOURCE_EXHAUSTED.
+HEALTH_RESERVE_RPCS = 64
 
 SERVICE_NAMES = (
     gate_pb2.DESCRIPTOR.services_by_name["Gate"].full_name,
@@ -62,59 +73,8 @@ SERVICE_NAMES = (
     approvals_pb2.DESCRIPTOR.services_by_name["Approvals"].full_name,
     budgets_pb2.DESCRIPTOR.services_by_name["Budgets"].full_name,
     checkpoints_pb2.DESCRIPTOR.services_by_name["Checkpoints"].full_name,
+    principals_pb2.DESCRIPTOR.services_by_name["Principals"].full_name,
 )
-
-
-class ErrorsAndDeadlines(grpc.aio.ServerInterceptor):
-    """Gives a deadline to calls that bring none, and turns domain errors into statuses.
-
-    The one place where LedgerError meets gRPC: the error table in ``status.py`` decides the
-    code and details; anything unmapped becomes INTERNAL with a generic message and a log.
-    """
-
-    def __init__(self, default_deadline_seconds: float) -> None:
-        self.default_deadline_seconds = default_deadline_seconds
-
-    async def intercept_service(self, continuation, handler_call_details):
-        handler = await continuation(handler_call_details)
-        if round_trips.enabled and handler is not None:
-            # This call's task (unary or streaming) runs its handler after this returns.
-            round_trips.begin_call(handler_call_details.method)
-        if handler is None or handler.unary_unary is None:
-            return handler
-        inner = handler.unary_unary
-        method = handler_call_details.method
-        default_deadline = self.default_deadline_seconds
-
-        method_name = method.rsplit("/", 1)[-1]
-
-        async def guarded(request, context):
-            faults.current_method.set(method_name)
-            try:
-                if context.time_remaining() is not None:
-                    response = await inner(request, context)  # gRPC enforces the caller's deadline
-                else:
-                    try:
-                        response = await asyncio.wait_for(inner(request, context), default_deadline)
-                    except TimeoutError:
-                        raise DeadlineExceeded(f"no answer within the default {default_deadline} s") from None
-                faults.crash_point("after_commit")
-                return response
-            except LedgerError as error:
-                await context.abort_with_status(status.to_status(error))
-            except asyncio.CancelledError:
-                raise
-            except Exception as error:  # noqa: BLE001 - unmapped: INTERNAL, logged
-                if isinstance(error, grpc.aio.AbortError):
-                    raise
-                log.exception("unhandled error in %s", method)
-                await context.abort_with_status(status.internal_status())
-
-        return grpc.unary_unary_rpc_method_handler(
-            guarded,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
 
 
 @dataclass
@@ -134,6 +94,7 @@ class RunningServer:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self.server.stop(grace_seconds)
+        argument_checks.CHECKER.close()
         await self.policy.close()
         await self.database.dispose()
         round_trips.write()  # the benchmark's counts, when it asked for them
@@ -200,21 +161,26 @@ async def start_server(
     ``sweep_leases``: run the lease sweeper and the statistics keeper here (one worker per host
     does, see workers.py)."""
     limits = settings.limits
+    credentials = server_credentials(settings)  # first: a bad TLS file stops the start at once
+    approval_settings = ApprovalSettings(
+        ttl_seconds_default=settings.approval_ttl_seconds_default,
+        ttl_seconds_max=settings.approval_ttl_seconds_max,
+        arguments_size_max_bytes=limits.arguments_size_max_bytes,
+        open_requests_per_tenant_max=limits.open_approval_requests_per_tenant_max,
+    )
+    app = Application(database, Gate(policy, limits, approval_settings, settings.reconcile_grace_seconds), limits)
+    guard = Guard(settings.default_deadline_seconds, settings.maximum_concurrent_rpcs, limits, app.authenticate)
     server = grpc.aio.server(
-        interceptors=[ErrorsAndDeadlines(settings.default_deadline_seconds)],
-        maximum_concurrent_rpcs=settings.maximum_concurrent_rpcs,
+        interceptors=[guard],
+        # The guard admits maximum_concurrent_rpcs calls; gRPC's own cap sits above it, so that
+        # health checks (never counted by the guard) are still answered when the guard is full.
+        maximum_concurrent_rpcs=settings.maximum_concurrent_rpcs + HEALTH_RESERVE_RPCS,
         options=[
             ("grpc.max_receive_message_length", limits.message_size_max_bytes),
             ("grpc.max_send_message_length", limits.message_size_max_bytes),
             ("grpc.so_reuseport", 1 if reuse_port else 0),
         ],
     )
-    approval_settings = ApprovalSettings(
-        ttl_seconds_default=settings.approval_ttl_seconds_default,
-        ttl_seconds_max=settings.approval_ttl_seconds_max,
-        arguments_size_max_bytes=limits.arguments_size_max_bytes,
-    )
-    app = Application(database, Gate(policy, limits, approval_settings, settings.reconcile_grace_seconds), limits)
     tools_pb2_grpc.add_ToolRegistryServicer_to_server(ToolRegistryServicer(app), server)
     approvals_servicer = ApprovalsServicer(app, approval_settings)
     approvals_pb2_grpc.add_ApprovalsServicer_to_server(approvals_servicer, server)
@@ -229,13 +195,17 @@ async def start_server(
         await database.run(lambda unit: key_store.ensure_signing_key(unit.connection, unit.now))
     checkpoints_pb2_grpc.add_CheckpointsServicer_to_server(CheckpointsServicer(app, policy, keys=keys), server)
     runs_pb2_grpc.add_RunsServicer_to_server(RunsServicer(app), server)
+    principals_pb2_grpc.add_PrincipalsServicer_to_server(PrincipalsServicer(app), server)
     gate_pb2_grpc.add_GateServicer_to_server(GateServicer(app), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection(
         (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    port = server.add_insecure_port(settings.listen)
+    if credentials is None:
+        port = server.add_insecure_port(settings.listen)
+    else:
+        port = server.add_secure_port(settings.listen, credentials)
     if port == 0:
         raise SystemExit(f"cannot listen on {settings.listen}")
     await server.start()
@@ -254,7 +224,7 @@ async def start_server(
             asyncio.create_task(_statistics_keeper(database, settings.statistics_interval_seconds))
         )
     host = settings.listen.rsplit(":", 1)[0]
-    log.info("effect-ledger serving on %s:%d", host, port)
+    log.info("effect-ledger serving on %s:%d (%s)", host, port, transport_security(settings))
     if settings.port_file:
         Path(settings.port_file).write_text(f"{port}\n")
     return running
@@ -274,3 +244,74 @@ async def serve_forever(settings: ServerSettings, database: Database, policy: Po
     await stop.wait()
     log.info("shutting down (grace %.1f s)", settings.grace_seconds)
     await running.stop(settings.grace_seconds)
+
+
+# --- TLS -----------------------------------------------------------------------------------
+
+# A certificate chain, a key or a CA bundle is a few KiB; a larger file is not one of those.
+TLS_FILE_SIZE_MAX_BYTES = 1024 * 1024
+
+
+def transport_security(settings: ServerSettings) -> str:
+    """How the port speaks, for the log: plaintext, TLS, or TLS with client certificates."""
+    if not settings.tls_certificate:
+        return "plaintext"
+    return "mTLS: client certificates required" if settings.tls_client_ca else "TLS"
+
+
+def server_credentials(settings: ServerSettings) -> grpc.ServerCredentials | None:
+    """The listening port's TLS credentials from ``settings.tls_*``; None for plaintext.
+
+    Every file is read and checked here, at start (SystemExit with the file and what is wrong
+    with it): gRPC itself would accept some broken files and fail each handshake instead.
+    With a client CA, a client must present a certificate it signed (require_client_auth), so
+    a handshake that completes carries a verified client certificate (see peer.py)."""
+    certificate, key, client_ca = settings.tls_certificate, settings.tls_key, settings.tls_client_ca
+    if bool(certificate) != bool(key) or (client_ca and not certificate):
+        raise SystemExit("TLS needs --tls-cert and --tls-key together; --tls-client-ca needs both")
+    if not certificate:
+        return None
+    chain_pem = _read_tls_file(certificate, "--tls-cert")
+    key_pem = _read_tls_file(key, "--tls-key")
+    chain = _load_certificates(chain_pem, certificate, "--tls-cert")
+    _check_key_matches(key_pem, key, chain[0])
+    if chain[0].not_valid_after_utc < datetime.now(timezone.utc):
+        log.warning("the TLS certificate %s expired at %s: clients will refuse it", certificate,
+                    chain[0].not_valid_after_utc.isoformat())
+    client_ca_pem = None
+    if client_ca:
+        client_ca_pem = _read_tls_file(client_ca, "--tls-client-ca")
+        _load_certificates(client_ca_pem, client_ca, "--tls-client-ca")
+    return grpc.ssl_server_credentials(
+        [(key_pem, chain_pem)], root_certificates=client_ca_pem, require_client_auth=client_ca_pem is not None
+    )
+
+
+def _read_tls_file(path: str, flag: str) -> bytes:
+    try:
+        with open(path, "rb") as file:
+            data = file.read(TLS_FILE_SIZE_MAX_BYTES + 1)
+    except OSError as error:
+        raise SystemExit(f"{flag} {path}: cannot read it: {error.strerror or error}") from None
+    if len(data) > TLS_FILE_SIZE_MAX_BYTES:
+        raise SystemExit(f"{flag} {path}: larger than {TLS_FILE_SIZE_MAX_BYTES} bytes, not a PEM file")
+    return data
+
+
+def _load_certificates(data: bytes, path: str, flag: str) -> list[x509.Certificate]:
+    try:
+        return x509.load_pem_x509_certificates(data)
+    except ValueError:
+        raise SystemExit(f"{flag} {path}: not a PEM certificate (-----BEGIN CERTIFICATE-----)") from None
+
+
+def _check_key_matches(data: bytes, path: str, certificate: x509.Certificate) -> None:
+    try:
+        key = serialization.load_pem_private_key(data, password=None)
+    except TypeError:
+        raise SystemExit(f"--tls-key {path}: encrypted; give the key without a passphrase") from None
+    except (ValueError, UnsupportedAlgorithm):
+        raise SystemExit(f"--tls-key {path}: not a PEM private key") from None
+    spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    if key.public_key().public_bytes(*spki) != certificate.public_key().public_bytes(*spki):
+        raise SystemExit(f"--tls-key {path}: not the key of the first certificate in --tls-cert")

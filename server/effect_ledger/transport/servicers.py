@@ -4,16 +4,16 @@ case inside one unit of work (authenticated, role-checked), map the result."""
 from __future__ import annotations
 
 import base64
-import hashlib
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
 
 from effect_ledger.config import Limits
-from effect_ledger.domain.contracts import check_text
+from effect_ledger.domain.contracts import REFUSED_CHARACTERS, check_text
 from effect_ledger.domain.lifecycle import Report, ReportKind
 from effect_ledger.domain.model import RECONCILING_ROLES, Principal, Role
+from effect_ledger.domain.tokens import check_certificate_binding, token_hash
 from effect_ledger.errors import InvalidArgument, PermissionDenied, Unauthenticated
 from effect_ledger.service import authorize_fast, reports_fast, runs, tools
 from effect_ledger.service.attempts import parse_lookup, parse_receipt
@@ -21,7 +21,7 @@ from effect_ledger.service.authorize import AuthorizeRequest, validate_authorize
 from effect_ledger.service.gate import Gate
 from effect_ledger.storage import repository as repo
 from effect_ledger.storage.engine import Database, UnitOfWork
-from effect_ledger.transport import mapping
+from effect_ledger.transport import guard, mapping, peer
 from effectledger.v1 import gate_pb2, gate_pb2_grpc, runs_pb2, runs_pb2_grpc, tools_pb2, tools_pb2_grpc
 
 T = TypeVar("T")
@@ -33,21 +33,13 @@ AGENTS_AND_ADMINS = frozenset({Role.AGENT, Role.ADMIN})
 # (gate_rules.foreign_attempts): agents act on their own, reconciling roles on any.
 ATTEMPT_ACTORS = frozenset({Role.AGENT}) | RECONCILING_ROLES
 ADMINS = frozenset({Role.ADMIN})
-TOKEN_LENGTH_MAX = 512
-
-
-def token_hash(token: str) -> str:
-    return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
 def bearer_token(context: grpc.aio.ServicerContext) -> str:
-    for key, value in context.invocation_metadata() or ():
-        if key == "authorization":
-            scheme, _, token = str(value).partition(" ")
-            if scheme.lower() == "bearer" and token and len(token) <= TOKEN_LENGTH_MAX:
-                return token.strip()
-            break
-    raise Unauthenticated("send metadata 'authorization: Bearer <token>'", reason="TOKEN_MISSING")
+    token = guard.bearer_token(context.invocation_metadata())
+    if token is None:
+        raise guard.missing_token()
+    return token
 
 
 class Application:
@@ -66,12 +58,15 @@ class Application:
     ) -> T:
         """Run ``work`` in one unit of work as the caller, authenticated under current facts."""
         hashed = token_hash(bearer_token(context))
+        subject = peer.client_subject(context)
 
         async def authenticated(unit: UnitOfWork) -> T:
             principal, now = await repo.authenticate(unit.connection, hashed)
             if principal is None or now is None:
                 raise Unauthenticated("unknown or disabled token", reason="TOKEN_UNKNOWN")
+            check_certificate_binding(principal, subject)
             unit.now = now
+            guard.authenticated_as(principal)
             if not principal.has_any(roles):
                 raise PermissionDenied(
                     f"needs one of the roles {sorted(r.value for r in roles)}",
@@ -82,15 +77,31 @@ class Application:
 
         return await self.database.run(authenticated, read_clock=False)
 
+    async def authenticate(self, token: str, peer_subject: str | None) -> Principal:
+        """The principal of a bearer token, under current facts (known, enabled, not expired,
+        from the client certificate it is bound to; any role)."""
+        hashed = token_hash(token)
+
+        async def work(unit: UnitOfWork) -> Principal:
+            principal, _now = await repo.authenticate(unit.connection, hashed)
+            if principal is None:
+                raise Unauthenticated("unknown or disabled token", reason="TOKEN_UNKNOWN")
+            check_certificate_binding(principal, peer_subject)
+            return principal
+
+        return await self.database.run(work, read_clock=False)
+
     async def call_driver(
         self,
         context: grpc.aio.ServicerContext,
-        work: Callable[[Any, str], Awaitable[T]],
+        work: Callable[[Any, str, str | None], Awaitable[T]],
     ) -> T:
         """Run ``work`` on the database driver's own connection (PostgreSQL's fast paths),
-        with the caller's token hash: the work authenticates in its first round trip."""
+        with the caller's token hash and client certificate subject: the work authenticates in
+        its first round trip."""
         hashed = token_hash(bearer_token(context))
-        return await self.database.run_driver(lambda driver: work(driver, hashed))
+        subject = peer.client_subject(context)
+        return await self.database.run_driver(lambda driver: work(driver, hashed, subject))
 
     def page_size(self, requested: int, default: int, maximum: int) -> int:
         if requested < 0 or requested > maximum:
@@ -102,9 +113,12 @@ def decode_token(token: str, field: str = "page_token") -> str:
     if not token:
         return ""
     try:
-        return base64.b64decode(token.encode("ascii"), altchars=b"-_", validate=True).decode("utf-8")
+        value = base64.b64decode(token.encode("ascii"), altchars=b"-_", validate=True).decode("utf-8")
     except (ValueError, UnicodeError):
-        raise InvalidArgument.field(field, "is not a token this service issued", reason="INVALID_PAGE_TOKEN") from None
+        value = "\x00"
+    if REFUSED_CHARACTERS.search(value):  # what this service issues holds no control character
+        raise InvalidArgument.field(field, "is not a token this service issued", reason="INVALID_PAGE_TOKEN")
+    return value
 
 
 def encode_token(value: str) -> str:
@@ -206,7 +220,9 @@ class GateServicer(gate_pb2_grpc.GateServicer):
             try:
                 result = await self.app.call_driver(
                     context,
-                    lambda driver, hashed: authorize_fast.authorize(self.gate, driver, hashed, AGENTS, command, arguments),
+                    lambda driver, hashed, subject: authorize_fast.authorize(
+                        self.gate, driver, hashed, AGENTS, command, arguments, subject
+                    ),
                 )
                 return mapping.authorize_response(result)
             except authorize_fast.Fallback:
@@ -223,7 +239,9 @@ class GateServicer(gate_pb2_grpc.GateServicer):
         try:
             return await self.app.call_driver(
                 context,
-                lambda driver, hashed: reports_fast.report(self.gate, driver, hashed, ATTEMPT_ACTORS, attempt_id, make_report),
+                lambda driver, hashed, subject: reports_fast.report(
+                    self.gate, driver, hashed, ATTEMPT_ACTORS, attempt_id, make_report, subject
+                ),
             )
         except authorize_fast.Fallback:
             return None  # nothing was written
@@ -243,7 +261,9 @@ class GateServicer(gate_pb2_grpc.GateServicer):
             try:
                 result = await self.app.call_driver(
                     context,
-                    lambda driver, hashed: reports_fast.renew_lease(self.gate, driver, hashed, ATTEMPT_ACTORS, request.attempt_id),
+                    lambda driver, hashed, subject: reports_fast.renew_lease(
+                        self.gate, driver, hashed, ATTEMPT_ACTORS, request.attempt_id, subject
+                    ),
                 )
             except authorize_fast.Fallback:
                 result = None
@@ -280,17 +300,17 @@ class GateServicer(gate_pb2_grpc.GateServicer):
                 usage=dict(request.succeeded.usage) or None,
             )
         if which == "failed":
-            check_text(request.failed.reason, "failed.reason", required=True)
+            check_text(request.failed.reason, "failed.reason", required=True, lines=True)
             return Report(
                 ReportKind.FAILED,
                 reason=request.failed.reason,
                 failure_evidence=mapping.failure_evidence(request.failed.evidence),
             )
-        check_text(request.unknown.reason, "unknown.reason", required=False)
+        check_text(request.unknown.reason, "unknown.reason", required=False, lines=True)
         return Report(ReportKind.UNKNOWN, reason=request.unknown.reason)
 
     async def ReleaseAttempt(self, request, context):
-        report = Report(ReportKind.RELEASED, reason=request.reason)
+        report = Report(ReportKind.RELEASED, reason=check_text(request.reason, "reason", required=False, lines=True))
         result = await self._fast_report(context, request.attempt_id, lambda now: report)
         if result is None:
             result = await self.app.call(
@@ -312,7 +332,7 @@ class GateServicer(gate_pb2_grpc.GateServicer):
                     request.receipt.provider_reference, request.receipt.detail_json, unit.now, self.app.limits, "receipt"
                 )
             else:
-                reason = check_text(request.not_happened.reason, "not_happened.reason", required=True)
+                reason = check_text(request.not_happened.reason, "not_happened.reason", required=True, lines=True)
                 lookup = parse_lookup(
                     request.not_happened.lookup_reference, request.not_happened.lookup_result_json,
                     self.app.limits, "not_happened",

@@ -31,6 +31,7 @@ ERROR_TABLE: list[tuple[type[errors.LedgerError], grpc.StatusCode, int]] = [
     (errors.Unavailable, grpc.StatusCode.UNAVAILABLE, code_pb2.UNAVAILABLE),
     (errors.Conflict, grpc.StatusCode.ABORTED, code_pb2.ABORTED),
     (errors.DeadlineExceeded, grpc.StatusCode.DEADLINE_EXCEEDED, code_pb2.DEADLINE_EXCEEDED),
+    (errors.ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED, code_pb2.RESOURCE_EXHAUSTED),
 ]
 
 
@@ -80,7 +81,17 @@ def _details(error: errors.LedgerError) -> list[any_pb2.Any]:
                 )
             )
         )
-    if isinstance(error, (errors.Unavailable, errors.Conflict)):
+    if isinstance(error, errors.ResourceExhausted):
+        details.append(
+            _pack(
+                error_details_pb2.QuotaFailure(
+                    violations=[
+                        error_details_pb2.QuotaFailure.Violation(subject=error.subject, description=error.message)
+                    ]
+                )
+            )
+        )
+    if isinstance(error, (errors.Unavailable, errors.Conflict, errors.ResourceExhausted)):
         delay_ms = getattr(error, "retry_after_ms", 100)
         details.append(
             _pack(

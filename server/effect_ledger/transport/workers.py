@@ -9,8 +9,10 @@ that accepted it, so a health check answers for the worker it reached.
 
 - Workers are new processes (``python -m effect_ledger serve ... --worker-index I``), never
   forks: a process that has imported grpc must not fork. A worker parses the supervisor's own
-  command line (and inherits its environment) with a few flags appended after it, so it is
-  configured exactly like the supervisor.
+  command line (and inherits its environment and working directory) with a few flags appended
+  after it, so it is configured exactly like the supervisor: the TLS flags too (each worker
+  reads the certificate files itself and serves TLS on the shared port; one whose files fail
+  to load exits before serving, like any worker that cannot start, see Restarts below).
 - The supervisor migrates the database once, before any worker starts; workers never migrate.
 - Each worker holds one end of a socket pair with the supervisor. The supervisor writes the
   address to listen on there, the worker answers with its bound port once it serves, and it

@@ -1,0 +1,388 @@
+"""The guard every RPC passes, unary or streaming, before and after its servicer.
+
+- **Authentication first.** A call without a well-formed bearer token is refused before its
+  servicer runs. A streaming call is authenticated against the database before its first
+  request message is read or its first response written. A unary call authenticates inside its
+  unit of work (``Application.call``, or the fast paths' first round trip); when it fails
+  before that point (a malformed field), the guard authenticates the token first, so an
+  unauthenticated caller learns nothing but UNAUTHENTICATED.
+- **Admission.** Each bearer token makes at most ``Limits.requests_per_second_per_token``
+  calls a second (bursts of ``request_burst_per_token``), at most ``maximum_concurrent_rpcs``
+  calls run at once in this process, and at most ``Limits.streams_per_principal_max`` streams
+  per principal; the rest get RESOURCE_EXHAUSTED with RetryInfo. All three are counted per
+  server process. Health checks and reflection are never counted or refused.
+- **Deadlines.** A call without a deadline gets the default one; no stream outlives
+  ``Limits.stream_lifetime_max_seconds``: WatchApprovals then ends normally (the client resumes
+  from its cursor), the others end with DEADLINE_EXCEEDED.
+- **Errors.** Domain errors become statuses through the one table (``status.py``); anything
+  else becomes INTERNAL with a generic message, logged here. No exception text reaches a client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from effect_ledger import faults
+from effect_ledger.config import Limits
+from effect_ledger.domain.model import Principal
+from effect_ledger.errors import (
+    DeadlineExceeded,
+    LedgerError,
+    PermissionDenied,
+    ResourceExhausted,
+    Unauthenticated,
+)
+from effect_ledger.storage import round_trips
+from effect_ledger.transport import peer, status
+
+log = logging.getLogger(__name__)
+
+# Services every caller may use without a token, never counted or refused by admission.
+OPEN_SERVICES = frozenset(
+    {
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1alpha.ServerReflection",
+        "grpc.reflection.v1.ServerReflection",
+    }
+)
+# Streams that end normally at their lifetime: the client resumes from its cursor.
+RESUMABLE_STREAMS = frozenset({"/effectledger.v1.Approvals/WatchApprovals"})
+TOKEN_LENGTH_MAX = 512
+BUSY_RETRY_MS = 200
+STREAMS_RETRY_MS = 5000
+# Token buckets kept per process (the least recently used beyond this are forgotten: a
+# forgotten caller starts again with a full bucket).
+RATE_BUCKETS_MAX = 10_000
+
+
+class RateLimiter:
+    """Requests per second per bearer token, as token buckets (``rate`` per second, ``burst``
+    at most): a call spends one token; with none left it is refused until one is back.
+    ``rate`` 0: unlimited. Keyed by the token's hash, before authentication, so a flood is
+    refused without a database read."""
+
+    def __init__(self, rate: float, burst: int, clock=time.monotonic) -> None:
+        self.rate = rate
+        self.burst = max(1, burst)
+        self.clock = clock
+        self.buckets: OrderedDict[bytes, tuple[float, float]] = OrderedDict()
+
+    def wait_ms(self, token: str) -> int:
+        """0 when the call may go ahead (and is counted); otherwise how long until it may."""
+        if self.rate <= 0:
+            return 0
+        key = hashlib.sha256(token.encode("utf-8")).digest()
+        now = self.clock()
+        level, last = self.buckets.pop(key, (float(self.burst), now))
+        level = min(float(self.burst), level + (now - last) * self.rate)
+        waiting = 0
+        if level >= 1.0:
+            level -= 1.0
+        else:
+            waiting = max(1, int((1.0 - level) / self.rate * 1000))
+        self.buckets[key] = (level, now)
+        while len(self.buckets) > RATE_BUCKETS_MAX:
+            self.buckets.popitem(last=False)
+        return waiting
+
+
+@dataclass
+class CallState:
+    """What the guard knows of the call in progress: who it authenticated as, if anyone yet."""
+
+    principal_id: str | None = None
+
+
+_current: ContextVar[CallState | None] = ContextVar("effect_ledger_call", default=None)
+
+
+def authenticated_as(principal: Principal) -> None:
+    """The call in progress has authenticated (its errors may now speak of its request)."""
+    state = _current.get()
+    if state is not None:
+        state.principal_id = principal.principal_id
+
+
+def bearer_token(metadata: Any) -> str | None:
+    """The bearer token of the call's metadata, or None when missing or malformed."""
+    for key, value in metadata or ():
+        if key == "authorization":
+            scheme, _, token = str(value).partition(" ")
+            token = token.strip()
+            if scheme.lower() == "bearer" and token and len(token) <= TOKEN_LENGTH_MAX:
+                return token
+            return None
+    return None
+
+
+def missing_token() -> Unauthenticated:
+    return Unauthenticated("send metadata 'authorization: Bearer <token>'", reason="TOKEN_MISSING")
+
+
+Authenticator = Callable[[str, str | None], Awaitable[Principal]]
+
+
+class Guard(grpc.aio.ServerInterceptor):
+    def __init__(
+        self,
+        default_deadline_seconds: float,
+        maximum_concurrent_rpcs: int,
+        limits: Limits,
+        authenticate: Authenticator,
+    ) -> None:
+        self.default_deadline_seconds = default_deadline_seconds
+        self.maximum_concurrent_rpcs = maximum_concurrent_rpcs
+        self.limits = limits
+        self.authenticate = authenticate
+        self.rates = RateLimiter(limits.requests_per_second_per_token, limits.request_burst_per_token)
+        self.in_flight = 0
+        self.streams: dict[str, int] = {}
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if round_trips.enabled and handler is not None:
+            # This call's task (unary or streaming) runs its handler after this returns.
+            round_trips.begin_call(method)
+        if handler is None or method.lstrip("/").split("/", 1)[0] in OPEN_SERVICES:
+            return handler
+        token = bearer_token(handler_call_details.invocation_metadata)
+        name = method.rsplit("/", 1)[-1]
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                self._unary(handler.unary_unary, name, token),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                self._server_stream(handler.unary_stream, method, token),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(
+                self._client_stream(handler.stream_unary, name, token),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return _refusing_stream_stream(handler)
+
+    # --- admission ------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _admitted(self, token: str | None):
+        if token is not None:
+            wait_ms = self.rates.wait_ms(token)
+            if wait_ms:
+                raise ResourceExhausted(
+                    f"at most {self.rates.rate:g} requests per second per token (bursts of {self.rates.burst})",
+                    subject="tokens/requests-per-second",
+                    retry_after_ms=wait_ms,
+                    reason="RATE_LIMITED",
+                    metadata={"requests_per_second": f"{self.rates.rate:g}", "burst": str(self.rates.burst)},
+                )
+        if self.in_flight >= self.maximum_concurrent_rpcs:
+            raise ResourceExhausted(
+                f"the server runs at most {self.maximum_concurrent_rpcs} calls at once; retry shortly",
+                subject="server/concurrent-calls",
+                retry_after_ms=BUSY_RETRY_MS,
+                reason="SERVER_BUSY",
+                metadata={"maximum_concurrent_rpcs": str(self.maximum_concurrent_rpcs)},
+            )
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+
+    @contextlib.contextmanager
+    def _stream_slot(self, principal: Principal):
+        key = principal.principal_id
+        cap = self.limits.streams_per_principal_max
+        if self.streams.get(key, 0) >= cap:
+            raise ResourceExhausted(
+                f"at most {cap} streams are open per principal on each server process",
+                subject=f"principals/{key}/streams",
+                retry_after_ms=STREAMS_RETRY_MS,
+                reason="STREAMS_EXHAUSTED",
+                metadata={"streams_per_principal_max": str(cap)},
+            )
+        self.streams[key] = self.streams.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            left = self.streams[key] - 1
+            if left:
+                self.streams[key] = left
+            else:
+                del self.streams[key]
+
+    async def _stream_principal(self, token: str | None, context) -> Principal:
+        if token is None:
+            raise missing_token()
+        principal = await self.authenticate(token, peer.client_subject(context))
+        authenticated_as(principal)
+        return principal
+
+    # --- errors ---------------------------------------------------------------------------
+
+    async def _refusal(
+        self, error: BaseException, token: str | None, state: CallState, name: str, context
+    ) -> grpc.Status:
+        """The status a failed call answers; an unauthenticated caller only ever hears that."""
+        if state.principal_id is None and not isinstance(error, (Unauthenticated, PermissionDenied, ResourceExhausted)):
+            try:
+                if token is None:
+                    raise missing_token()
+                await self.authenticate(token, peer.client_subject(context))
+            except LedgerError as refused:
+                return status.to_status(refused)
+            except Exception:  # the original error is reported below
+                log.exception("authenticating after a failure in %s", name)
+        if isinstance(error, LedgerError):
+            return status.to_status(error)
+        log.error("unhandled error in %s", name, exc_info=error)
+        return status.internal_status()
+
+    def _deadline(self, context: grpc.aio.ServicerContext, cap: float | None = None) -> float | None:
+        """Seconds this call may run for, or None when the caller's own deadline applies."""
+        remaining = context.time_remaining()
+        if remaining is None:
+            return self.default_deadline_seconds if cap is None else min(cap, self.default_deadline_seconds)
+        if cap is not None and remaining > cap:
+            return cap
+        return None
+
+    # --- the three kinds of calls ---------------------------------------------------------
+
+    def _unary(self, inner, name: str, token: str | None):
+        async def guarded(request, context):
+            faults.current_method.set(name)
+            state = CallState()
+            _current.set(state)
+            try:
+                if token is None:
+                    raise missing_token()
+                with self._admitted(token):
+                    seconds = self._deadline(context)
+                    if seconds is None:
+                        response = await inner(request, context)  # gRPC enforces the caller's deadline
+                    else:
+                        try:
+                            response = await asyncio.wait_for(inner(request, context), seconds)
+                        except TimeoutError:
+                            raise DeadlineExceeded(f"no answer within the default {seconds} s") from None
+                faults.crash_point("after_commit")
+                return response
+            except asyncio.CancelledError:
+                raise
+            except grpc.aio.AbortError:
+                raise
+            except Exception as error:  # noqa: BLE001 - mapped by _refusal
+                await context.abort_with_status(await self._refusal(error, token, state, name, context))
+
+        return guarded
+
+    def _server_stream(self, inner, method: str, token: str | None):
+        name = method.rsplit("/", 1)[-1]
+        resumable = method in RESUMABLE_STREAMS
+        lifetime = self.limits.stream_lifetime_max_seconds
+
+        async def guarded(request, context):
+            faults.current_method.set(name)
+            state = CallState()
+            _current.set(state)
+            responses: AsyncIterator[Any] | None = None
+            try:
+                with self._admitted(token):
+                    principal = await self._stream_principal(token, context)
+                    with self._stream_slot(principal):
+                        seconds = self._deadline(context, None if resumable else lifetime)
+                        ends_at = asyncio.get_running_loop().time() + (lifetime if resumable else (seconds or 0))
+                        limited = resumable or seconds is not None
+                        responses = inner(request, context).__aiter__()
+                        while True:
+                            if limited:
+                                left = ends_at - asyncio.get_running_loop().time()
+                                if left <= 0:
+                                    raise TimeoutError
+                                try:
+                                    response = await asyncio.wait_for(responses.__anext__(), left)
+                                except StopAsyncIteration:
+                                    return
+                            else:
+                                try:
+                                    response = await responses.__anext__()
+                                except StopAsyncIteration:
+                                    return
+                            yield response
+            except TimeoutError:
+                if resumable:
+                    return  # the stream's lifetime: the client resumes from its last sequence
+                await context.abort_with_status(
+                    status.to_status(DeadlineExceeded(f"{name} did not finish within its deadline"))
+                )
+            except asyncio.CancelledError:
+                raise
+            except grpc.aio.AbortError:
+                raise
+            except Exception as error:  # noqa: BLE001 - mapped by _refusal
+                await context.abort_with_status(await self._refusal(error, token, state, name, context))
+            finally:
+                if responses is not None:
+                    with contextlib.suppress(Exception):
+                        await responses.aclose()  # type: ignore[attr-defined]
+
+        return guarded
+
+    def _client_stream(self, inner, name: str, token: str | None):
+        lifetime = self.limits.stream_lifetime_max_seconds
+
+        async def guarded(request_iterator, context):
+            faults.current_method.set(name)
+            state = CallState()
+            _current.set(state)
+            try:
+                with self._admitted(token):
+                    # Before a single request message is read.
+                    principal = await self._stream_principal(token, context)
+                    with self._stream_slot(principal):
+                        seconds = self._deadline(context, lifetime)
+                        if seconds is None:
+                            return await inner(request_iterator, context)
+                        try:
+                            return await asyncio.wait_for(inner(request_iterator, context), seconds)
+                        except TimeoutError:
+                            raise DeadlineExceeded(f"{name} did not finish within {seconds} s") from None
+            except asyncio.CancelledError:
+                raise
+            except grpc.aio.AbortError:
+                raise
+            except Exception as error:  # noqa: BLE001 - mapped by _refusal
+                await context.abort_with_status(await self._refusal(error, token, state, name, context))
+
+        return guarded
+
+
+def _refusing_stream_stream(handler):
+    """No service has a bidirectional stream; one added without a guard is refused, not open."""
+
+    async def refused(request_iterator, context):
+        log.error("a bidirectional stream has no guard: refused")
+        await context.abort_with_status(status.internal_status())
+
+    return grpc.stream_stream_rpc_method_handler(
+        refused, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer
+    )

@@ -1,0 +1,257 @@
+"""The attacks on the server's exposure that the guard stops, against the real server on each
+backend: calls without a valid token learn nothing and cost nothing, streams are bounded.
+(The guard's own rules, in isolation: tests/unit/test_guard.py.)"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import pytest
+from support import contract, new_run
+
+from effect_ledger.client import error_from_rpc
+from effect_ledger.config import Limits
+from effectledger.v1 import (
+    approvals_pb2,
+    approvals_pb2_grpc,
+    checkpoints_pb2,
+    checkpoints_pb2_grpc,
+    common_pb2,
+    runs_pb2,
+)
+
+MIB = 1024 * 1024
+
+
+def rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def bearer(token: str) -> tuple:
+    return (("authorization", f"Bearer {token}"),)
+
+
+@pytest.mark.parametrize(
+    ("call", "request_message"),
+    [
+        ("ForkRun", checkpoints_pb2.ForkRunRequest(checkpoint_id="ckpt_x", world=99)),
+        (
+            "SealCheckpoint",
+            checkpoints_pb2.SealCheckpointRequest(
+                run_id="run_x", artifacts=[checkpoints_pb2.ArtifactRef(name="a", classification=99)]
+            ),
+        ),
+    ],
+)
+@pytest.mark.parametrize(
+    "metadata", [(), bearer("forged-token")], ids=["no token", "unknown token"]
+)
+def test_malformed_requests_from_unknown_callers_answer_unauthenticated(
+    server, call, request_message, metadata
+):
+    with grpc.insecure_channel(server.target) as channel:
+        stub = checkpoints_pb2_grpc.CheckpointsStub(channel)
+        with pytest.raises(grpc.RpcError) as error:
+            getattr(stub, call)(request_message, metadata=metadata, timeout=10)
+    assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED, error.value.details()
+    assert error_from_rpc(error.value).reason in ("TOKEN_MISSING", "TOKEN_UNKNOWN")
+
+
+def test_imports_without_a_valid_token_are_refused_before_they_are_read(server, agent):
+    """Eight streams of 30 MiB each, without a token or with a forged one: each is refused
+    before the server reads it, the clients never get to send most of it, and the server's
+    memory does not grow by the data offered."""
+    before = rss_kib(server.process.pid)
+    sent = [0] * 8
+    results: list = [None] * 8
+
+    def upload(index: int) -> None:
+        def chunks():
+            for _ in range(30):
+                sent[index] += 1
+                yield checkpoints_pb2.ArchiveChunk(data=b"\0" * MIB)
+
+        metadata = () if index % 2 else bearer("forged-token")
+        with grpc.insecure_channel(server.target) as channel:
+            try:
+                checkpoints_pb2_grpc.CheckpointsStub(channel).ImportCheckpoint(
+                    chunks(), metadata=metadata, timeout=30
+                )
+            except grpc.RpcError as error:
+                results[index] = error.code()
+
+    threads = [threading.Thread(target=upload, args=(index,)) for index in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert results == [grpc.StatusCode.UNAUTHENTICATED] * 8
+    assert max(sent) < 30, f"a client was let to send its whole upload: {sent}"
+    grown_mib = (rss_kib(server.process.pid) - before) / 1024
+    assert grown_mib < 64, f"the server grew by {grown_mib:.0f} MiB"
+    # The server still serves a caller with a token.
+    assert agent.runs.CreateRun(runs_pb2.CreateRunRequest()).run_id
+
+
+def test_idle_streams_without_a_token_hold_no_slot(server, agent):
+    """Hundreds of streams opened with no token and never sent on: each is refused at once,
+    so a legitimate call right after is served (they once took every slot)."""
+    with grpc.insecure_channel(server.target) as channel:
+        stub = checkpoints_pb2_grpc.CheckpointsStub(channel)
+        never_sent = threading.Event()
+
+        def silent():
+            never_sent.wait(30)
+            yield from ()
+
+        calls = [stub.ImportCheckpoint.future(silent(), timeout=30) for _ in range(300)]
+        try:
+            codes = [call.exception(timeout=20).code() for call in calls]
+            assert set(codes) == {grpc.StatusCode.UNAUTHENTICATED}
+            started = time.monotonic()
+            assert agent.runs.CreateRun(runs_pb2.CreateRunRequest()).run_id
+            assert time.monotonic() - started < 5
+        finally:
+            never_sent.set()
+
+
+def test_a_principal_gets_a_bounded_number_of_streams(server, tenant, agent, admin):
+    """Eight WatchApprovals streams of one principal are served (each reads the tenant's one
+    approval event); the ninth is refused with RESOURCE_EXHAUSTED; another principal is not."""
+    cap = Limits().streams_per_principal_max
+    admin.tools.PutToolContract(
+        contract(
+            "wire.send",
+            effect_class=common_pb2.IRREVERSIBLE,
+            provider_idempotency=False,
+            max_attempts=1,
+        )
+    )
+    agent.approvals.RequestApproval(
+        approvals_pb2.RequestApprovalRequest(
+            run_id=new_run(agent), tool="wire.send", arguments_json=b"{}", target="acct:1"
+        )
+    )
+    token = tenant.tokens["auditor"]
+    with grpc.insecure_channel(server.target) as channel:
+        stub = approvals_pb2_grpc.ApprovalsStub(channel)
+        open_streams = []
+        try:
+            for _ in range(cap):
+                call = stub.WatchApprovals(
+                    approvals_pb2.WatchApprovalsRequest(), metadata=bearer(token), timeout=30
+                )
+                open_streams.append(call)
+                assert next(call).type == "approval.requested"  # served: it holds its slot
+            extra = stub.WatchApprovals(
+                approvals_pb2.WatchApprovalsRequest(), metadata=bearer(token), timeout=10
+            )
+            with pytest.raises(grpc.RpcError) as error:
+                next(extra)
+            assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            refusal = error_from_rpc(error.value)
+            assert refusal.reason == "STREAMS_EXHAUSTED"
+            assert refusal.metadata == {"streams_per_principal_max": str(cap)}
+            # Another principal of the same tenant still gets a stream.
+            other = stub.WatchApprovals(
+                approvals_pb2.WatchApprovalsRequest(),
+                metadata=bearer(tenant.tokens["reviewer"]),
+                timeout=10,
+            )
+            assert next(other).type == "approval.requested"
+            other.cancel()
+        finally:
+            for call in open_streams:
+                call.cancel()
+
+
+@pytest.fixture(scope="module")
+def quota_server(database_url):
+    from support import ServerProcess
+
+    running = ServerProcess(database_url, ["--open-approval-requests-per-tenant-max", "2"]).start()
+    yield running
+    running.stop()
+
+
+def test_open_approval_requests_are_a_tenant_quota(quota_server, database_url):
+    from support import new_tenant
+
+    def request(client, run_id: str, target: str):
+        return client.approvals.RequestApproval(
+            approvals_pb2.RequestApprovalRequest(run_id=run_id, tool="wire.send", arguments_json=b"{}", target=target)
+        )
+
+    tenant, other = new_tenant(database_url), new_tenant(database_url)
+    for owner in (tenant, other):
+        with owner.client(quota_server, "admin") as admin:
+            admin.tools.PutToolContract(
+                contract("wire.send", effect_class=common_pb2.IRREVERSIBLE, provider_idempotency=False, max_attempts=1)
+            )
+    with tenant.client(quota_server, "agent") as agent, tenant.client(quota_server, "reviewer") as reviewer:
+        run_id = new_run(agent)
+        first = request(agent, run_id, "acct:1")
+        request(agent, run_id, "acct:2")
+        assert request(agent, run_id, "acct:1").approval_id == first.approval_id  # the open one again
+        with pytest.raises(Exception) as error:
+            request(agent, run_id, "acct:3")
+        refusal = error.value
+        assert refusal.grpc_code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert refusal.reason == "QUOTA_EXCEEDED" and refusal.metadata["limit"] == "2"
+        # Another tenant has a quota of its own; a decided request no longer counts.
+        with other.client(quota_server, "agent") as stranger:
+            assert request(stranger, new_run(stranger), "acct:3").approval_id
+        reviewer.approvals.DecideApproval(
+            approvals_pb2.DecideApprovalRequest(approval_id=first.approval_id, approve=False, comment="no")
+        )
+        assert request(agent, run_id, "acct:3").approval_id
+
+
+@pytest.fixture(scope="module")
+def small_quota_server(database_url):
+    from support import ServerProcess
+
+    running = ServerProcess(
+        database_url, ["--artifacts-per-tenant-max", "2", "--snapshots-per-tenant-max", "2"]
+    ).start()
+    yield running
+    running.stop()
+
+
+def test_artifacts_and_snapshots_are_tenant_quotas(small_quota_server, database_url):
+    from support import new_tenant
+
+    tenant = new_tenant(database_url)
+    with tenant.client(small_quota_server, "agent") as agent:
+        put = agent.checkpoints.PutArtifact
+        first = put(checkpoints_pb2.PutArtifactRequest(content=b"one", media_type="text/plain"))
+        put(checkpoints_pb2.PutArtifactRequest(content=b"two", media_type="text/plain"))
+        put(checkpoints_pb2.PutArtifactRequest(content=b"one", media_type="text/plain"))  # already stored
+        for refused in (
+            lambda: put(checkpoints_pb2.PutArtifactRequest(content=b"three", media_type="text/plain")),
+            lambda: agent.checkpoints.DeclareArtifact(
+                checkpoints_pb2.DeclareArtifactRequest(digest="sha256:" + "0" * 64, size_bytes=10)
+            ),
+        ):
+            with pytest.raises(Exception) as error:
+                refused()
+            assert error.value.grpc_code == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert error.value.metadata == {"quota": "stored_artifacts", "limit": "2"}
+        # A deleted artifact no longer counts.
+        agent.checkpoints.DeleteArtifact(checkpoints_pb2.DeleteArtifactRequest(digest=first.digest))
+        assert put(checkpoints_pb2.PutArtifactRequest(content=b"three", media_type="text/plain")).digest
+
+        run_id = new_run(agent)
+        for value in (b"1", b"2"):
+            agent.checkpoints.RecordSnapshot(checkpoints_pb2.RecordSnapshotRequest(run_id=run_id, value_json=value))
+        with pytest.raises(Exception) as error:
+            agent.checkpoints.RecordSnapshot(checkpoints_pb2.RecordSnapshotRequest(run_id=run_id, value_json=b"3"))
+        assert error.value.grpc_code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert error.value.reason == "QUOTA_EXCEEDED"
+        assert error.value.metadata == {"quota": "recorded_snapshots", "limit": "2"}
