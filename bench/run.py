@@ -214,7 +214,9 @@ class Server:
         arguments = [sys.executable, "-m", "effect_ledger", "--log-level", "WARNING", "serve"]
         arguments += ["--database-url", self.database_url, "--listen", "127.0.0.1:0"]
         arguments += ["--port-file", str(port_file), "--database-pool-size", str(self.pool_size)]
-        arguments += ["--maximum-concurrent-rpcs", "1000"]
+        # All callers share one agent token here: the per-token rate limit (a guard against one
+        # runaway agent) would measure itself, so it is off.
+        arguments += ["--maximum-concurrent-rpcs", "1000", "--requests-per-second-per-token", "0"]
         if self.workers_flag or self.workers > 1:
             arguments += ["--workers", str(self.workers)]
         environment = dict(os.environ)
