@@ -8,8 +8,9 @@ trace in the server's log, the server still answers SERVING, and its memory stay
 The requests are drawn by hypothesis from the services' own descriptors (every field of every
 request type: ids from the tenant's real ids or made up, text with control characters,
 malformed and oversized JSON, unknown enum numbers, out-of-range numbers and timestamps),
-and from valid requests with some fields replaced. The seed is printed first:
-``EFFECT_LEDGER_FUZZ_SEED=<seed>`` replays a run; ``EFFECT_LEDGER_FUZZ_REQUESTS`` sets how many
+and from valid requests with some fields replaced. The seed is printed first (by default it
+is taken from the checked-out commit, so a commit's CI run replays what ran locally):
+``EFFECT_LEDGER_FUZZ_SEED=<seed>`` replays a run, any other number explores new requests; ``EFFECT_LEDGER_FUZZ_REQUESTS`` sets how many
 requests each backend gets (5,000 on PostgreSQL and 2,000 on SQLite by default).
 """
 
@@ -19,6 +20,7 @@ import json
 import os
 import random
 import re
+import subprocess
 
 import grpc
 import pytest
@@ -41,7 +43,22 @@ from effectledger.v1 import (
 )
 
 FILES = (gate_pb2, runs_pb2, tools_pb2, approvals_pb2, budgets_pb2, checkpoints_pb2, principals_pb2)
-SEED = int(os.environ.get("EFFECT_LEDGER_FUZZ_SEED") or random.SystemRandom().randrange(2**32))
+
+
+def default_seed() -> int:
+    """The checked-out commit's: each commit explores requests of its own, and a run on the same
+    commit (CI's, say) replays the same ones. Outside a git checkout: a random seed."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True,
+            cwd=os.path.dirname(os.path.abspath(__file__)),
+        ).stdout.strip()
+        return int(head[:8], 16)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return random.SystemRandom().randrange(2**32)
+
+
+SEED = int(os.environ.get("EFFECT_LEDGER_FUZZ_SEED") or default_seed())
 REQUESTS = {"postgres": 5000, "sqlite": 2000}
 FORBIDDEN_CODES = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
 # What an exception's text looks like when it leaks into a status message.

@@ -73,7 +73,10 @@ async def put_budget(
 async def get_budget(
     unit: UnitOfWork, principal: Principal, scope: Scope, scope_id: str
 ) -> tuple[list[Budget], list[Reservation]]:
-    if scope != Scope.TENANT:
+    if scope == Scope.TENANT:
+        if scope_id:
+            raise InvalidArgument.field("scope_id", "must be empty for the TENANT scope")
+    else:
         check_identifier(scope_id, "scope_id")
     found = await store.budgets_of_scope(unit.connection, principal.tenant_id, scope, scope_id, unit.now)
     if not found:
