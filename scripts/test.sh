@@ -11,6 +11,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e ".[test]"
+# The client distribution (clients/python) with its framework adapters, tested in tests/client
+# against the real server and the real frameworks.
+.venv/bin/python -m pip install --quiet -e "./clients/python[langgraph,openai-agents,mcp]"
 # OPA's own Go engine, to run the policy's tests as a real OPA server would. The wheel is a
 # ctypes wrapper around a shared library (py3-none); its metadata asks for Python >= 3.14,
 # which this project's Python does not meet, so the check is skipped for this one package.

@@ -1,0 +1,1 @@
+"""Framework adapters: each imports its framework itself, so the base package needs none."""
