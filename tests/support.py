@@ -298,3 +298,12 @@ def not_happened(effect_id: str, reason: str = "the provider has no record of it
         evidence.lookup_reference = f"lookup-{effect_id}"
         evidence.lookup_result_json = b'{"found":false}'
     return gate_pb2.ReconcileEffectRequest(effect_id=effect_id, not_happened=evidence)
+
+
+def rss_kib(pid: int) -> int:
+    """A process's resident memory now (KiB), from /proc."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")

@@ -9,7 +9,7 @@ import time
 
 import grpc
 import pytest
-from support import contract, new_run
+from support import contract, new_run, rss_kib
 
 from effect_ledger.client import error_from_rpc
 from effect_ledger.config import Limits
@@ -23,14 +23,6 @@ from effectledger.v1 import (
 )
 
 MIB = 1024 * 1024
-
-
-def rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 def bearer(token: str) -> tuple:

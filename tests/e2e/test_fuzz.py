@@ -29,7 +29,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from grpc_health.v1 import health_pb2
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
-from support import ServerProcess, contract, new_run, new_tenant
+from support import ServerProcess, contract, new_run, new_tenant, rss_kib
 
 from effectledger.v1 import (
     approvals_pb2,
@@ -243,14 +243,6 @@ class Ledger:
     def close(self) -> None:
         self.channel.close()
         self.server.stop()
-
-
-def rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 @pytest.fixture(scope="module")

@@ -41,6 +41,7 @@ from support import (
     migrate,
     new_tenant,
     psycopg_url,
+    rss_kib,
 )
 
 from effectledger.v1 import common_pb2, gate_pb2, gate_pb2_grpc, runs_pb2
@@ -80,14 +81,6 @@ class Flood:
     released: float  # when the test let go of the run's lock
     held: float  # for how long
     rss_kib: int
-
-
-def rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 @pytest.fixture(scope="module")
