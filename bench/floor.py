@@ -53,9 +53,10 @@ POOL_SIZE = 10
 async def serve(level: str, database_url: str, port_file: Path, input_file: Path) -> None:
     import grpc
     import psycopg
+    from grpc_health.v1 import health, health_pb2_grpc
+
     from effect_ledger.policy.embedded import EmbeddedRegoEngine
     from effectledger.v1 import common_pb2, gate_pb2, gate_pb2_grpc
-    from grpc_health.v1 import health, health_pb2_grpc
 
     connections: asyncio.Queue = asyncio.Queue()
     if level != "echo":

@@ -20,15 +20,16 @@ from __future__ import annotations
 import os
 import uuid
 
-from effect_ledger_client import Ledger
-from effect_ledger_client.adapters.langgraph import guard_tools
-from effect_ledger_client.proto import approvals_pb2, common_pb2, tools_pb2
 from langchain_core.messages import AIMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
 from langgraph.types import Command
+
+from effect_ledger_client import Ledger
+from effect_ledger_client.adapters.langgraph import guard_tools
+from effect_ledger_client.proto import approvals_pb2, common_pb2, tools_pb2
 
 TARGET = os.environ.get("EFFECT_LEDGER_TARGET", "127.0.0.1:50051")
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from agents import Agent, RunConfig, Runner, function_tool
 from agents.testing import ScriptedModel, assistant_message, function_call
+
 from effect_ledger_client import Ledger
 from effect_ledger_client.adapters.openai_agents import guard_function_tool, ledger_approval_id
 from effect_ledger_client.proto import approvals_pb2, common_pb2, runs_pb2, tools_pb2

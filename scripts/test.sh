@@ -19,6 +19,10 @@ fi
 # which this project's Python does not meet, so the check is skipped for this one package.
 .venv/bin/python -m pip install --quiet --no-deps --ignore-requires-python "opa-golib-python-bindings==0.4.4"
 
+# The linter and the type checker the project configures (pyproject.toml), pinned in [test].
+.venv/bin/ruff check .
+.venv/bin/mypy server/effect_ledger clients/python/effect_ledger_client
+
 .venv/bin/effect-ledger policy-test
 .venv/bin/effect-ledger policy-test --engine opa
 exec .venv/bin/python -m pytest "$@"

@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from support import (  # noqa: E402
+from support import (
     ServerProcess,
     create_pg_database,
     drop_pg_database,

@@ -700,9 +700,7 @@ def _not_applied_evidence(
         if call.type == "fail" or call.start > later.end:
             continue
         inv = call.invoke
-        if call.f == OUTCOME and inv.outcome == "FAILED" and inv.attempt_id == attempt_id:
-            shown = call.answer.stage if call.ok else None
-        elif call.f == RELEASE and inv.attempt_id == attempt_id:
+        if call.f == OUTCOME and inv.outcome == "FAILED" and inv.attempt_id == attempt_id or call.f == RELEASE and inv.attempt_id == attempt_id:
             shown = call.answer.stage if call.ok else None
         elif call.f == RECONCILE and inv.outcome == "FAILED" and call.pick("effect_id") == effect_id:
             if call.ok:
@@ -1183,9 +1181,7 @@ def _lease_restarts(index: _Index) -> dict[str, list[Call]]:
         if not call.ok:
             continue
         answer = call.answer
-        if call.f == DISPATCH and answer.stage == "DISPATCHED" and answer.value.get("changed", True):
-            restarts[call.invoke.attempt_id].append(call)
-        elif call.f == RENEW and answer.stage in REVIVED_STAGES:
+        if call.f == DISPATCH and answer.stage == "DISPATCHED" and answer.value.get("changed", True) or call.f == RENEW and answer.stage in REVIVED_STAGES:
             restarts[call.invoke.attempt_id].append(call)
     return restarts
 

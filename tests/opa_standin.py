@@ -220,10 +220,10 @@ def _handler_for(standin: OpaStandIn) -> type[BaseHTTPRequestHandler]:
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client gave up (its timeout): a late answer goes nowhere
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+        def do_GET(self) -> None:
             self._serve("GET")
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             self._serve("POST")
 
         def log_message(self, *_args: Any) -> None:

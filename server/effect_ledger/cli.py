@@ -13,7 +13,7 @@ import json
 import logging
 import os
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from sqlalchemy import insert, select
@@ -263,7 +263,7 @@ def add_principal(url: str, tenant: str, principal_id: str, roles: list[str]) ->
                     principal_id=principal_id,
                     token_hash=token_hash(token),
                     roles=canonical_bytes(role_values).decode(),
-                    created_at=datetime.now(timezone.utc),
+                    created_at=datetime.now(UTC),
                 )
             )
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from effect_ledger_client import Ledger
 from effect_ledger_client.proto import common_pb2, runs_pb2
 from support import contract

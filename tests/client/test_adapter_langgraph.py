@@ -10,15 +10,16 @@ import pytest
 
 pytest.importorskip("langgraph")
 
-from effect_ledger_client import Rejected
-from effect_ledger_client.adapters.langgraph import guard_tool
-from effect_ledger_client.proto import approvals_pb2, common_pb2, gate_pb2, runs_pb2
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
 from langgraph.types import Command
+
+from effect_ledger_client import Rejected
+from effect_ledger_client.adapters.langgraph import guard_tool
+from effect_ledger_client.proto import approvals_pb2, common_pb2, gate_pb2, runs_pb2
 
 from .conftest import IRREVERSIBLE_TOOL, register, register_irreversible
 

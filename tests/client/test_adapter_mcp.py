@@ -18,8 +18,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from effectledger.v1 import approvals_pb2, gate_pb2, tools_pb2
 from mcp import ClientSession, StdioServerParameters, stdio_client
+
+from effectledger.v1 import approvals_pb2, gate_pb2, tools_pb2
 from support import REPO, contract, stage_name
 
 EXAMPLE = REPO / "examples" / "mcp_gateway"
@@ -314,6 +315,7 @@ def test_receipt_detail_keeps_a_result_that_fits_and_an_excerpt_of_one_that_does
     import hashlib
 
     import mcp_types as types
+
     from effect_ledger_client.adapters import mcp_gateway
 
     small = types.CallToolResult(

@@ -16,6 +16,7 @@ pytest.importorskip("agents")
 from agents import Agent, RunConfig, Runner, function_tool
 from agents.testing import ScriptedModel, assistant_message, function_call
 from agents.tool_context import ToolContext
+
 from effect_ledger_client import Rejected
 from effect_ledger_client.adapters.openai_agents import guard_function_tool, ledger_approval_id
 from effect_ledger_client.proto import approvals_pb2, common_pb2, gate_pb2

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+
 from effect_ledger_client import (
     AsyncLedger,
     FailedPrecondition,

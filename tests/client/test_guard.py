@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+
 from effect_ledger_client import (
     AlreadySucceeded,
     ApprovalDenied,

@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 import pytest_asyncio
+
 from effect_ledger_client import (
     AlreadySucceeded,
     ApprovalTimeout,

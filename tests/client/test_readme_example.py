@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from effect_ledger_client import Ledger, Rejected
 from effect_ledger_client.proto import common_pb2, gate_pb2, runs_pb2
 
@@ -37,7 +38,7 @@ def run_block(code: str, source: Path, namespace: dict, replacements: dict[str, 
         code = code.replace(old, new)
     assert "elt_..." not in code and "127.0.0.1:50051" not in code, "a placeholder was left"
     with contextlib.redirect_stdout(io.StringIO()) as printed:
-        exec(compile(code, str(source), "exec"), namespace)  # noqa: S102 - our own README
+        exec(compile(code, str(source), "exec"), namespace)
     return printed.getvalue()
 
 

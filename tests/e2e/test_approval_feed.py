@@ -25,6 +25,11 @@ from contextlib import contextmanager
 import grpc
 import psycopg
 import pytest
+
+from effect_ledger.client import error_from_rpc
+from effect_ledger.config import Limits
+from effect_ledger.storage.notifications import LISTEN_APPLICATION_NAME, WATCHERS_MAX
+from effectledger.v1 import approvals_pb2, common_pb2
 from support import (
     PG_ADMIN_URL,
     ServerProcess,
@@ -34,11 +39,6 @@ from support import (
     psycopg_url,
     servers_on_fresh_database,
 )
-
-from effect_ledger.client import error_from_rpc
-from effect_ledger.config import Limits
-from effect_ledger.storage.notifications import LISTEN_APPLICATION_NAME, WATCHERS_MAX
-from effectledger.v1 import approvals_pb2, common_pb2
 
 TOOL = "payment.wire"
 TARGET = "bank:acct-1"

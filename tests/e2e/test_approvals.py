@@ -16,6 +16,8 @@ from pathlib import Path
 
 import grpc
 import pytest
+
+from effectledger.v1 import approvals_pb2, common_pb2, gate_pb2
 from support import (
     REPO,
     ServerProcess,
@@ -29,8 +31,6 @@ from support import (
     succeeded,
     unknown,
 )
-
-from effectledger.v1 import approvals_pb2, common_pb2, gate_pb2
 
 WIRE = "payment.wire"
 DROP = "db.drop"

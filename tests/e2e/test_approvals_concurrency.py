@@ -15,11 +15,6 @@ import json
 
 import grpc
 import pytest
-from support import (
-    servers_on_fresh_database,
-    authorize_request,
-    contract,
-)
 
 from effectledger.v1 import (
     approvals_pb2,
@@ -29,6 +24,11 @@ from effectledger.v1 import (
     gate_pb2_grpc,
     runs_pb2,
     runs_pb2_grpc,
+)
+from support import (
+    authorize_request,
+    contract,
+    servers_on_fresh_database,
 )
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.postgres]

@@ -9,6 +9,7 @@ and an admin may act on it.
 from __future__ import annotations
 
 import pytest
+
 from effectledger.v1 import common_pb2, gate_pb2, runs_pb2
 from support import (
     authorize_request,

@@ -16,6 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 from sqlalchemy import select
+
+from effect_ledger.client import _Stub
+from effect_ledger.storage.engine import DatabaseSettings, create_sync
+from effect_ledger.storage.schema import reservations
+from effectledger.v1 import budgets_pb2, budgets_pb2_grpc, common_pb2, gate_pb2, runs_pb2
 from support import (
     authorize_request,
     contract,
@@ -28,11 +33,6 @@ from support import (
     succeeded,
     unknown,
 )
-
-from effect_ledger.client import _Stub
-from effect_ledger.storage.engine import DatabaseSettings, create_sync
-from effect_ledger.storage.schema import reservations
-from effectledger.v1 import budgets_pb2, budgets_pb2_grpc, common_pb2, gate_pb2, runs_pb2
 
 INT64_MAX = 2**63 - 1
 USD = "usd_micros"

@@ -23,20 +23,28 @@ from dataclasses import dataclass, field
 import grpc
 import psycopg
 import pytest
+
+from effect_ledger.client import error_from_rpc
+from effectledger.v1 import (
+    budgets_pb2,
+    budgets_pb2_grpc,
+    common_pb2,
+    gate_pb2,
+    gate_pb2_grpc,
+    runs_pb2,
+    runs_pb2_grpc,
+)
 from support import (
-    servers_on_fresh_database,
     ServerProcess,
     Tenant,
     authorize_request,
     contract,
     failed,
     psycopg_url,
+    servers_on_fresh_database,
     succeeded,
     unknown,
 )
-
-from effect_ledger.client import error_from_rpc
-from effectledger.v1 import budgets_pb2, budgets_pb2_grpc, common_pb2, gate_pb2, gate_pb2_grpc, runs_pb2, runs_pb2_grpc
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.postgres]
 
@@ -159,7 +167,7 @@ class Sampler:
                     if stopping:
                         return
                     time.sleep(SAMPLE_INTERVAL_SECONDS)
-        except BaseException as error:  # noqa: BLE001 - reported by the test
+        except BaseException as error:
             self.errors.append(error)
 
 

@@ -58,7 +58,7 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
@@ -73,6 +73,9 @@ from history import (
     final_effect,
     summarize,
 )
+
+from effect_ledger.domain.canonical import intent_digest
+from effectledger.v1 import common_pb2, gate_pb2
 from support import (
     ServerProcess,
     contract,
@@ -83,9 +86,6 @@ from support import (
     succeeded,
     unknown,
 )
-
-from effect_ledger.domain.canonical import intent_digest
-from effectledger.v1 import common_pb2, gate_pb2
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.postgres]
 
@@ -275,8 +275,8 @@ def stage_of(result: Result) -> str:
 
 def monotonic_at(moment) -> float:
     """A service timestamp (its database clock, UTC) on this process's monotonic clock."""
-    wall = moment.ToDatetime(tzinfo=timezone.utc)
-    return time.monotonic() + (wall - datetime.now(timezone.utc)).total_seconds()
+    wall = moment.ToDatetime(tzinfo=UTC)
+    return time.monotonic() + (wall - datetime.now(UTC)).total_seconds()
 
 
 class Actor:
@@ -627,7 +627,7 @@ def run_chaos(seed: int) -> Outcome:
         reconcilers = [
             Reconciler(f"rc{n}", channels(f"rc{n}", principal), random.Random(rng.random()), stop_work, pool,
                        provider, run_ids)
-            for n, principal in zip(range(RECONCILERS), RECONCILER_PRINCIPALS)
+            for n, principal in zip(range(RECONCILERS), RECONCILER_PRINCIPALS, strict=False)
         ]
         chaos = Chaos(servers, random.Random(rng.random()), stop_chaos)
         actors: list[Actor] = [*runtimes, *reconcilers]

@@ -15,6 +15,22 @@ import tarfile
 from dataclasses import dataclass
 
 import pytest
+
+from effect_ledger.domain.canonical import canonical_bytes
+from effect_ledger.domain.checkpoints import (
+    ARCHIVE_FILE_SIZE_MAX_BYTES,
+    ARCHIVE_FILES_MAX,
+    SIGNATURE_FILE,
+)
+from effect_ledger.errors import LedgerError
+from effectledger.v1 import (
+    approvals_pb2,
+    budgets_pb2,
+    checkpoints_pb2,
+    common_pb2,
+    gate_pb2,
+    runs_pb2,
+)
 from support import (
     authorize_request,
     checkpoints_stub,
@@ -24,11 +40,6 @@ from support import (
     raises_error,
     unknown,
 )
-
-from effect_ledger.domain.canonical import canonical_bytes
-from effect_ledger.errors import LedgerError
-from effect_ledger.domain.checkpoints import ARCHIVE_FILE_SIZE_MAX_BYTES, ARCHIVE_FILES_MAX, SIGNATURE_FILE
-from effectledger.v1 import approvals_pb2, budgets_pb2, checkpoints_pb2, common_pb2, gate_pb2, runs_pb2
 
 EXPECTED_FILES = {
     "manifest.json",
@@ -555,7 +566,7 @@ def test_fifty_random_single_byte_corruptions_are_all_refused(exported):
         before_revision = exported.agent.runs.GetRun(runs_pb2.GetRunRequest(run_id=exported.run_id)).revision
         try:
             import_archive(exported.stub, bytes(corrupted))
-        except Exception as error:  # noqa: BLE001 - the LedgerError is inspected below
+        except Exception as error:
             code = error.grpc_code.name  # type: ignore[attr-defined]
             assert code in ("INVALID_ARGUMENT", "FAILED_PRECONDITION"), (position, code, error)
             component = error.metadata.get("component")  # type: ignore[attr-defined]

@@ -24,13 +24,19 @@ import uuid
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from e2e.test_checkpoint_archives import checkpoint_ids, export, import_archive, read_members, tar_files
-from support import REPO, Tenant, checkpoints_stub, new_tenant, raises_error
 
+from e2e.test_checkpoint_archives import (
+    checkpoint_ids,
+    export,
+    import_archive,
+    read_members,
+    tar_files,
+)
 from effect_ledger.client import LedgerClient
 from effect_ledger.domain.canonical import canonical_bytes
 from effect_ledger.domain.checkpoints import SIGNATURE_FILE
 from effectledger.v1 import checkpoints_pb2, runs_pb2
+from support import REPO, Tenant, checkpoints_stub, new_tenant, raises_error
 
 FIXTURE_DIR = REPO / "tests" / "fixtures"
 FIXTURE = FIXTURE_DIR / "checkpoint-format1.tar"

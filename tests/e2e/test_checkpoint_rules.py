@@ -15,17 +15,6 @@ import uuid
 
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
-from support import (
-    authorize_request,
-    checkpoints_stub,
-    contract,
-    new_run,
-    outcome_name,
-    raises_error,
-    stage_name,
-    succeeded,
-    unknown,
-)
 
 from effect_ledger.domain.checkpoints import SECTIONS, section_digest
 from effectledger.v1 import (
@@ -36,6 +25,17 @@ from effectledger.v1 import (
     gate_pb2,
     runs_pb2,
     tools_pb2,
+)
+from support import (
+    authorize_request,
+    checkpoints_stub,
+    contract,
+    new_run,
+    outcome_name,
+    raises_error,
+    stage_name,
+    succeeded,
+    unknown,
 )
 
 MAIL = "email.send"

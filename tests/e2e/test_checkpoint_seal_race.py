@@ -26,12 +26,6 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
-from support import (
-    servers_on_fresh_database,
-    ServerProcess,
-    authorize_request,
-    contract,
-)
 
 from effect_ledger.client import error_from_rpc
 from effectledger.v1 import (
@@ -41,6 +35,12 @@ from effectledger.v1 import (
     gate_pb2_grpc,
     runs_pb2,
     runs_pb2_grpc,
+)
+from support import (
+    ServerProcess,
+    authorize_request,
+    contract,
+    servers_on_fresh_database,
 )
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.postgres]

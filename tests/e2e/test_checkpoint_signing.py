@@ -17,25 +17,25 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
 from e2e.test_checkpoint_archives import (
     EXPECTED_FILES,
     _consistent,
-    seal_and_export,
     assert_refused,
     checkpoint_ids,
     export,
     flip,
     import_archive,
     read_members,
+    seal_and_export,
     sha256,
     tar_files,
     with_manifest,
 )
-from support import ServerProcess, checkpoints_stub, new_run, new_tenant, raises_error
-
 from effect_ledger.domain.canonical import canonical_bytes
 from effect_ledger.domain.checkpoints import SIGNATURE_FILE
 from effectledger.v1 import checkpoints_pb2, runs_pb2
+from support import ServerProcess, checkpoints_stub, new_run, new_tenant, raises_error
 
 
 def write_key_pair(folder: Path, name: str) -> tuple[Ed25519PrivateKey, Path, Path]:

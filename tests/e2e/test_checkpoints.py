@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+
+from effectledger.v1 import checkpoints_pb2, gate_pb2, runs_pb2
 from support import (
     ServerProcess,
     authorize_request,
@@ -16,8 +18,6 @@ from support import (
     stage_name,
     unknown,
 )
-
-from effectledger.v1 import checkpoints_pb2, gate_pb2, runs_pb2
 
 
 def facts(**overrides) -> checkpoints_pb2.CompatibilityFacts:

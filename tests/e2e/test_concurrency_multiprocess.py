@@ -23,18 +23,18 @@ from dataclasses import dataclass, field
 import grpc
 import psycopg
 import pytest
+
+from effect_ledger.client import error_from_rpc
+from effectledger.v1 import common_pb2, gate_pb2, gate_pb2_grpc, runs_pb2, runs_pb2_grpc
 from support import (
-    servers_on_fresh_database,
     ServerProcess,
     Tenant,
     authorize_request,
     contract,
     psycopg_url,
+    servers_on_fresh_database,
     succeeded,
 )
-
-from effect_ledger.client import error_from_rpc
-from effectledger.v1 import common_pb2, gate_pb2, gate_pb2_grpc, runs_pb2, runs_pb2_grpc
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.postgres]
 
@@ -331,11 +331,11 @@ async def test_one_key_two_intents_one_digest_wins(cluster):
             ]
             results = await storm(gates, requests, complete_reference=reference)
 
-            allows = [(side, r) for side, r in zip(side_of, results) if is_allow(r)]
+            allows = [(side, r) for side, r in zip(side_of, results, strict=False) if is_allow(r)]
             assert len(allows) == 1, f"round {round_number}: {len(allows)} ALLOWs"
             winning_side, winner = allows[0]
             winners[winning_side] += 1
-            for side, result in zip(side_of, results):
+            for side, result in zip(side_of, results, strict=False):
                 if side == winning_side:
                     assert isinstance(result, gate_pb2.AuthorizeEffectResponse), describe(result)
                     assert result.effect_id == winner.effect_id

@@ -52,6 +52,9 @@ from history import (
     final_effect,
     summarize,
 )
+
+from effect_ledger.domain.canonical import intent_digest
+from effectledger.v1 import budgets_pb2, common_pb2, gate_pb2
 from support import (
     ServerProcess,
     contract,
@@ -64,9 +67,6 @@ from support import (
     succeeded,
     unknown,
 )
-
-from effect_ledger.domain.canonical import intent_digest
-from effectledger.v1 import budgets_pb2, common_pb2, gate_pb2
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.postgres]
 
@@ -267,7 +267,7 @@ class Worker:
             reasons = [reason.code for reason in response.reasons]
             if outcome == "ALLOW":
                 if plan.finished:
-                    self.definite(lambda **kw: self.client.release(response.attempt_id, "unexpected", **plan.tag, **kw))
+                    self.definite(lambda **kw: self.client.release(response.attempt_id, "unexpected", **plan.tag, **kw))  # noqa: B023 - called at once
                     raise Stop("ALLOW after the effect succeeded")
                 self.attempt(plan, response)
             elif outcome == "DUPLICATE":
@@ -473,7 +473,7 @@ def run_scenario(database_url: str, point: str, crash_after: int) -> ScenarioRes
         workers, plans = [], []
         with tenant.client(server, "agent") as agent:
             run_ids = [new_run(agent) for _ in range(WORKERS)]
-        for number, (run_id, names) in enumerate(zip(run_ids, WORKER_PLANS)):
+        for number, (run_id, names) in enumerate(zip(run_ids, WORKER_PLANS, strict=False)):
             client = RecordingClient(history, f"w{number}", tenant.name, server.target, tenant.tokens["agent"],
                                      timeout_seconds=CALL_TIMEOUT_SECONDS)
             clients.append(client)

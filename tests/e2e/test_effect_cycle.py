@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from support import authorize_request, contract, new_run, outcome_name, stage_name, succeeded
-
 from effectledger.v1 import common_pb2, gate_pb2, runs_pb2
+from support import authorize_request, contract, new_run, outcome_name, stage_name, succeeded
 
 
 def test_authorize_dispatch_succeed_then_duplicate(server, tenant):
@@ -34,7 +33,7 @@ def test_authorize_dispatch_succeed_then_duplicate(server, tenant):
     events = agent.runs.ListRunEvents(runs_pb2.ListRunEventsRequest(run_id=run_id)).events
     assert [e.type for e in events] == ["run.created", "effect.authorized", "attempt.dispatched", "attempt.succeeded"]
     assert [e.revision for e in events] == [1, 2, 3, 4]
-    assert all(later.prev_hash == earlier.hash for earlier, later in zip(events, events[1:]))
+    assert all(later.prev_hash == earlier.hash for earlier, later in zip(events, events[1:], strict=False))
     assert outcome_name(agent.gate.GetDecision(gate_pb2.GetDecisionRequest(decision_id=again.decision_id))) == "DUPLICATE"
     assert common_pb2.Outcome.Name(
         agent.gate.GetDecision(gate_pb2.GetDecisionRequest(decision_id=first.decision_id)).outcome

@@ -9,7 +9,6 @@ import time
 
 import grpc
 import pytest
-from support import contract, new_run, rss_kib
 
 from effect_ledger.client import error_from_rpc
 from effect_ledger.config import Limits
@@ -21,6 +20,7 @@ from effectledger.v1 import (
     common_pb2,
     runs_pb2,
 )
+from support import contract, new_run, rss_kib
 
 MIB = 1024 * 1024
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from support import ServerProcess, authorize_request, contract, new_run, new_tenant, outcome_name
 
 from effect_ledger import errors
 from effect_ledger.policy.embedded import load_engine
 from effectledger.v1 import common_pb2, gate_pb2, tools_pb2
+from support import ServerProcess, authorize_request, contract, new_run, new_tenant, outcome_name
 
 pytestmark = pytest.mark.postgres
 

@@ -29,7 +29,6 @@ from google.protobuf.descriptor import FieldDescriptor
 from grpc_health.v1 import health_pb2
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
-from support import ServerProcess, contract, new_run, new_tenant, rss_kib
 
 from effectledger.v1 import (
     approvals_pb2,
@@ -41,6 +40,7 @@ from effectledger.v1 import (
     runs_pb2,
     tools_pb2,
 )
+from support import ServerProcess, contract, new_run, new_tenant, rss_kib
 
 FILES = (gate_pb2, runs_pb2, tools_pb2, approvals_pb2, budgets_pb2, checkpoints_pb2, principals_pb2)
 

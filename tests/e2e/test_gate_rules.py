@@ -6,6 +6,8 @@ import json
 import time
 
 import pytest
+
+from effectledger.v1 import common_pb2, gate_pb2, runs_pb2, tools_pb2
 from support import (
     authorize_request,
     contract,
@@ -17,8 +19,6 @@ from support import (
     succeeded,
     unknown,
 )
-
-from effectledger.v1 import common_pb2, gate_pb2, runs_pb2, tools_pb2
 
 
 def events_of(client, run_id: str) -> list:

@@ -22,8 +22,12 @@ import tarfile
 import time
 import uuid
 
-import effectledger.v1
 import pytest
+from opa_standin import OpaStandIn
+from unit.test_schema_safety import PATHOLOGICAL, PATHOLOGICAL_INPUT, CountingServer, gnu_sparse
+
+import effectledger.v1
+from e2e.test_checkpoint_archives import _consistent, import_archive, seal_and_export, tar_files
 from effect_ledger.domain.checkpoints import (
     ARCHIVE_FILE_SIZE_MAX_BYTES,
     ARCHIVE_UNPACKED_SIZE_MAX_BYTES,
@@ -39,7 +43,6 @@ from effectledger.v1 import (
     runs_pb2,
     tools_pb2,
 )
-from opa_standin import OpaStandIn
 from support import (
     ServerProcess,
     authorize_request,
@@ -49,9 +52,6 @@ from support import (
     new_tenant,
     raises_error,
 )
-from unit.test_schema_safety import PATHOLOGICAL, PATHOLOGICAL_INPUT, CountingServer, gnu_sparse
-
-from e2e.test_checkpoint_archives import _consistent, import_archive, seal_and_export, tar_files
 
 UNDEFINED = 99
 

@@ -15,9 +15,12 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import psycopg
+
+from effect_ledger.storage.dialect import normalize_url
+from effectledger.v1 import common_pb2, gate_pb2, runs_pb2
 from support import (
     authorize_request,
     contract,
@@ -30,16 +33,13 @@ from support import (
     succeeded,
 )
 
-from effect_ledger.storage.dialect import normalize_url
-from effectledger.v1 import common_pb2, gate_pb2, runs_pb2
-
 LOCK_BEFORE_LEASE_END_SECONDS = 0.25
 LOCK_AFTER_LEASE_END_SECONDS = 0.15
 DISPATCH_BEFORE_LEASE_END_SECONDS = 0.2
 
 
 def seconds_until(moment: datetime) -> float:
-    return (moment - datetime.now(timezone.utc)).total_seconds()
+    return (moment - datetime.now(UTC)).total_seconds()
 
 
 def hold_effect_lock(database_url: str, effect_id: str, lease_end: datetime, locked: threading.Event) -> None:
@@ -81,7 +81,7 @@ def event_types(client, run_id: str) -> list[str]:
 
 def test_a_dispatch_that_reaches_the_lock_after_the_lease_ran_out_is_refused(database_url, agent, admin):
     run_id, decision = authorized(agent, admin, "edge-1")
-    lease_end = decision.lease_expires_at.ToDatetime(tzinfo=timezone.utc)
+    lease_end = decision.lease_expires_at.ToDatetime(tzinfo=UTC)
     locked = threading.Event()
     holder = threading.Thread(target=hold_effect_lock, args=(database_url, decision.effect_id, lease_end, locked))
     holder.start()
@@ -109,7 +109,7 @@ def test_a_dispatch_that_reaches_the_lock_after_the_lease_ran_out_is_refused(dat
 
 def test_a_renewal_that_reaches_the_lock_after_the_lease_ran_out_is_refused(database_url, agent, admin):
     run_id, decision = authorized(agent, admin, "edge-renew")
-    lease_end = decision.lease_expires_at.ToDatetime(tzinfo=timezone.utc)
+    lease_end = decision.lease_expires_at.ToDatetime(tzinfo=UTC)
     locked = threading.Event()
     holder = threading.Thread(target=hold_effect_lock, args=(database_url, decision.effect_id, lease_end, locked))
     holder.start()
@@ -125,12 +125,12 @@ def test_a_renewal_that_reaches_the_lock_after_the_lease_ran_out_is_refused(data
 
 def test_a_dispatch_just_before_the_lease_end_gets_a_lease_from_its_lock_time(database_url, agent, admin):
     run_id, decision = authorized(agent, admin, "edge-live")
-    lease_end = decision.lease_expires_at.ToDatetime(tzinfo=timezone.utc)
+    lease_end = decision.lease_expires_at.ToDatetime(tzinfo=UTC)
     time.sleep(max(0.0, seconds_until(lease_end) - 0.6))
-    sent_at = datetime.now(timezone.utc)
+    sent_at = datetime.now(UTC)
     dispatched = agent.gate.RecordDispatch(gate_pb2.RecordDispatchRequest(attempt_id=decision.attempt_id))
     assert stage_name(dispatched.attempt.stage) == "DISPATCHED"
-    new_end = dispatched.attempt.lease_expires_at.ToDatetime(tzinfo=timezone.utc)
+    new_end = dispatched.attempt.lease_expires_at.ToDatetime(tzinfo=UTC)
     # A full lease (2 s) from a time no earlier than the call: the clock was read under the lock.
     assert (new_end - sent_at).total_seconds() >= 2 - 0.05
     agent.gate.RecordOutcome(succeeded(decision.attempt_id))
@@ -138,7 +138,7 @@ def test_a_dispatch_just_before_the_lease_end_gets_a_lease_from_its_lock_time(da
 
 def test_a_read_that_shows_unknown_has_recorded_it(database_url, agent, admin):
     run_id, decision = authorized(agent, admin, "edge-read", lease_seconds=1)
-    time.sleep(max(0.0, seconds_until(decision.lease_expires_at.ToDatetime(tzinfo=timezone.utc))) + 0.05)
+    time.sleep(max(0.0, seconds_until(decision.lease_expires_at.ToDatetime(tzinfo=UTC))) + 0.05)
     shown = agent.gate.ListOpenEffects(gate_pb2.ListOpenEffectsRequest(run_id=run_id)).effects
     assert [stage_name(e.attempts[0].stage) for e in shown] == ["UNKNOWN"]
     # Whoever recorded it (this read, or the sweeper before it), it is in the trace now, and a
@@ -165,7 +165,7 @@ def test_not_happened_from_another_principal_waits_out_the_lease_and_its_grace(t
                 settle.gate.ReconcileEffect(not_happened)
         settle_after = datetime.fromisoformat(raises_error.last.metadata["settle_after"])
         dispatched = agent.gate.GetEffect(gate_pb2.GetEffectRequest(effect_id=decision.effect_id)).attempts[0]
-        lease_end = dispatched.lease_expires_at.ToDatetime(tzinfo=timezone.utc)
+        lease_end = dispatched.lease_expires_at.ToDatetime(tzinfo=UTC)
         assert abs((settle_after - lease_end).total_seconds() - 1.0) < 0.01
         time.sleep(max(0.0, seconds_until(lease_end)) + 0.1)
         with raises_error("FAILED_PRECONDITION", "RECONCILE_TOO_EARLY"):
@@ -226,7 +226,7 @@ def test_begin_dispatched_starts_the_attempt_dispatched_and_a_lost_sender_ends_u
     with raises_error("FAILED_PRECONDITION", "ATTEMPT_NOT_RELEASABLE"):
         agent.gate.ReleaseAttempt(gate_pb2.ReleaseAttemptRequest(attempt_id=decision.attempt_id))
     # The runtime goes silent: the lease runs out and the attempt is UNKNOWN, never RELEASED.
-    time.sleep(max(0.0, seconds_until(decision.lease_expires_at.ToDatetime(tzinfo=timezone.utc))) + 0.05)
+    time.sleep(max(0.0, seconds_until(decision.lease_expires_at.ToDatetime(tzinfo=UTC))) + 0.05)
     effect = agent.gate.GetEffect(gate_pb2.GetEffectRequest(effect_id=decision.effect_id))
     assert stage_name(effect.stage) == "UNKNOWN"
     types = event_types(agent, run_id)

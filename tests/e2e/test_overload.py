@@ -33,6 +33,8 @@ import grpc
 import psycopg
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from effectledger.v1 import common_pb2, gate_pb2, gate_pb2_grpc, runs_pb2
 from support import (
     ServerProcess,
     contract,
@@ -43,8 +45,6 @@ from support import (
     psycopg_url,
     rss_kib,
 )
-
-from effectledger.v1 import common_pb2, gate_pb2, gate_pb2_grpc, runs_pb2
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.postgres]
 

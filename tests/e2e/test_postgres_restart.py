@@ -35,11 +35,11 @@ import grpc
 import psycopg
 import pytest
 from grpc_health.v1 import health_pb2
-from support import ServerProcess, Tenant, contract, migrate, new_tenant, psycopg_url
 
 from effect_ledger import errors
 from effect_ledger.storage.dialect import normalize_url
 from effectledger.v1 import budgets_pb2, common_pb2, gate_pb2, runs_pb2
+from support import ServerProcess, Tenant, contract, migrate, new_tenant, psycopg_url
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.postgres]
 
@@ -228,7 +228,7 @@ def worker(number: int, tenant: Tenant, server: ServerProcess, run_id: str, ledg
                     failed=gate_pb2.RecordOutcomeRequest.Failed(reason="card declined", evidence=gate_pb2.PROVIDER_REJECTED),
                 )
                 unreported.append((response.attempt_id, report, "FAILED"))
-    except Exception as error:  # noqa: BLE001 - handed to the test thread, which fails on it
+    except Exception as error:
         with ledger.lock:
             ledger.failures.append(f"worker {number}: {error!r}")
     finally:

@@ -4,12 +4,11 @@ rotated and expired, each refused on the caller's next call, on every server pro
 from __future__ import annotations
 
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import grpc
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
-from support import contract, new_tenant, servers_on_fresh_database
 
 from effect_ledger.client import error_from_rpc
 from effectledger.v1 import (
@@ -21,6 +20,7 @@ from effectledger.v1 import (
     runs_pb2_grpc,
     tools_pb2_grpc,
 )
+from support import contract, new_tenant, servers_on_fresh_database
 
 
 def bearer(token: str) -> tuple:
@@ -173,8 +173,8 @@ def test_a_rotated_token_replaces_the_old_one_at_once(callers):
         principals_pb2.RotateTokenRequest(principal_id="agent", expires_in_seconds=3600),
     )
     assert refused(renewed.create_run).code() == grpc.StatusCode.UNAUTHENTICATED
-    expires = again.principal.token_expires_at.ToDatetime(tzinfo=timezone.utc)
-    assert timedelta(minutes=59) < expires - datetime.now(timezone.utc) <= timedelta(minutes=61)
+    expires = again.principal.token_expires_at.ToDatetime(tzinfo=UTC)
+    assert timedelta(minutes=59) < expires - datetime.now(UTC) <= timedelta(minutes=61)
     assert callers("agent", token=again.token).create_run()
 
 
@@ -190,16 +190,16 @@ def test_an_expired_token_is_refused_on_every_path(callers, backend):
             run_id=run_id, tool="email.send", arguments_json=b"{}", idempotency_key="k1", target="t"
         ),
     )
-    soon = datetime.now(timezone.utc) + timedelta(seconds=2)
+    soon = datetime.now(UTC) + timedelta(seconds=2)
     expiring = admin.call(
         admin.principals.SetTokenExpiry,
         principals_pb2.SetTokenExpiryRequest(principal_id="agent", expires_at=at(soon)),
     )
-    assert expiring.token_expires_at.ToDatetime(tzinfo=timezone.utc) == soon.replace(
+    assert expiring.token_expires_at.ToDatetime(tzinfo=UTC) == soon.replace(
         microsecond=soon.microsecond
     )
     assert agent.create_run()  # not yet
-    time.sleep(max(0.0, (soon - datetime.now(timezone.utc)).total_seconds()) + 0.3)
+    time.sleep(max(0.0, (soon - datetime.now(UTC)).total_seconds()) + 0.3)
     for attempt in (
         agent.create_run,
         lambda: agent.call(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from effectledger.v1 import common_pb2, gate_pb2, runs_pb2
 from support import (
     authorize_request,

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
 from effectledger.v1 import common_pb2, gate_pb2, runs_pb2
 from support import (
     REPO,

@@ -13,6 +13,11 @@ import grpc
 import psycopg
 import pytest
 from opa_standin import OpaStandIn
+
+from effect_ledger import errors
+from effect_ledger.policy.embedded import EmbeddedRegoEngine, load_engine
+from effect_ledger.policy.engine import default_policy_dir
+from effectledger.v1 import common_pb2, gate_pb2, runs_pb2
 from support import (
     ServerProcess,
     authorize_request,
@@ -22,11 +27,6 @@ from support import (
     outcome_name,
     psycopg_url,
 )
-
-from effect_ledger import errors
-from effect_ledger.policy.embedded import EmbeddedRegoEngine, load_engine
-from effect_ledger.policy.engine import default_policy_dir
-from effectledger.v1 import common_pb2, gate_pb2, runs_pb2
 
 pytestmark = pytest.mark.postgres
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+
 from effect_ledger.errors import LedgerError
 from effectledger.v1 import approvals_pb2, common_pb2, gate_pb2
 from support import REPO, authorize_request, contract, new_run, unknown

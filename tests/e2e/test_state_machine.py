@@ -37,11 +37,11 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from support import ServerProcess, create_pg_database, drop_pg_database, migrate, new_tenant
 
 from effect_ledger.cli import verify_chains
 from effect_ledger.errors import LedgerError
 from effectledger.v1 import approvals_pb2, budgets_pb2, common_pb2, gate_pb2, runs_pb2, tools_pb2
+from support import ServerProcess, create_pg_database, drop_pg_database, migrate, new_tenant
 
 pytestmark = pytest.mark.postgres
 

@@ -8,6 +8,9 @@ import grpc
 import psycopg
 import pytest
 from grpc_health.v1 import health_pb2
+
+from effect_ledger import errors
+from effectledger.v1 import gate_pb2
 from support import (
     PG_ADMIN_URL,
     ServerProcess,
@@ -21,9 +24,6 @@ from support import (
     outcome_name,
     psycopg_url,
 )
-
-from effect_ledger import errors
-from effectledger.v1 import gate_pb2
 
 pytestmark = pytest.mark.postgres
 

@@ -25,13 +25,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from support import ServerProcess, new_tenant, raises_error
 
 from effect_ledger.client import LedgerClient
 from effect_ledger.config import ServerSettings
 from effect_ledger.transport.peer import client_common_name, client_subject
 from effect_ledger.transport.server import server_credentials
 from effectledger.v1 import runs_pb2
+from support import ServerProcess, new_tenant, raises_error
 
 CALL_TIMEOUT_SECONDS = 10.0
 # A server that refuses its flags exits before it migrates or binds anything.
@@ -64,7 +64,7 @@ def _name(*attributes: tuple[x509.ObjectIdentifier, str]) -> x509.Name:
 
 
 def _certificate(subject, public_key, issuer, issuer_key, *, ca=False, names=(), usage=None) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     builder = (
         x509.CertificateBuilder()
         .subject_name(subject)

@@ -29,17 +29,6 @@ import grpc
 import psycopg
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from support import (
-    ServerProcess,
-    Tenant,
-    authorize_request,
-    contract,
-    create_pg_database,
-    drop_pg_database,
-    migrate,
-    new_tenant,
-    psycopg_url,
-)
 
 from effect_ledger.cli import build_parser
 from effect_ledger.policy.embedded import load_engine
@@ -51,6 +40,17 @@ from effect_ledger.transport.workers import (
     default_worker_count,
 )
 from effectledger.v1 import common_pb2, gate_pb2_grpc, runs_pb2, runs_pb2_grpc
+from support import (
+    ServerProcess,
+    Tenant,
+    authorize_request,
+    contract,
+    create_pg_database,
+    drop_pg_database,
+    migrate,
+    new_tenant,
+    psycopg_url,
+)
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.postgres]
 
@@ -151,7 +151,7 @@ def authorize_concurrently(channels, token: str, requests) -> list:
         return stub.AuthorizeEffect(request, metadata=bearer(token), timeout=CALL_TIMEOUT_SECONDS)
 
     with ThreadPoolExecutor(len(channels)) as pool:
-        return list(pool.map(call, zip(channels, requests)))
+        return list(pool.map(call, zip(channels, requests, strict=False)))
 
 
 def wait_for(condition, timeout: float, what: str):
@@ -404,7 +404,7 @@ def test_a_worker_that_keeps_dying_stops_the_server_with_status_1(database):
                 break
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
-            wait_for(lambda: process_state(pid) in ("Z", "gone"), 10, "the killed worker has exited")
+            wait_for(lambda: process_state(pid) in ("Z", "gone"), 10, "the killed worker has exited")  # noqa: B023
         assert server.process.wait(timeout=STOP_WITHIN_SECONDS + 5) == 1
         assert len(killed) == RESTARTS_MAX + 1
         log = full_log(server)

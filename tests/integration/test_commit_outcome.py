@@ -26,7 +26,7 @@ async def _run(url: str, fail_at_commit: bool) -> Exception | None:
 
         try:
             await database.run(work)
-        except Exception as error:  # noqa: BLE001 - the error itself is under test
+        except Exception as error:
             return error
         return None
     finally:

@@ -27,7 +27,6 @@ from sqlalchemy import (
     inspect,
     text,
 )
-from support import PG_ADMIN_URL, create_pg_database, drop_pg_database
 
 from effect_ledger.storage.engine import DatabaseSettings, create_sync
 from effect_ledger.storage.migrate import (
@@ -37,6 +36,7 @@ from effect_ledger.storage.migrate import (
     upgrade_to_head,
 )
 from effect_ledger.storage.schema import NAMING_CONVENTION, metadata
+from support import PG_ADMIN_URL, create_pg_database, drop_pg_database
 
 ALEMBIC_TABLE = "alembic_version"
 

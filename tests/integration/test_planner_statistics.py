@@ -14,6 +14,7 @@ import time
 
 import psycopg
 import pytest
+
 from effect_ledger.storage.engine import Database, DatabaseSettings, create_async
 from support import create_pg_database, drop_pg_database, migrate
 

@@ -10,6 +10,7 @@ import tempfile
 
 import psycopg
 import pytest
+
 from support import (
     ServerProcess,
     authorize_request,

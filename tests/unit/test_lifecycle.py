@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import settings
@@ -38,7 +38,7 @@ from effect_ledger.domain.model import (
     ToolContract,
 )
 
-T0 = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 DIGEST = "d" * 64
 TERMINAL = {Stage.SUCCEEDED, Stage.FAILED, Stage.RELEASED}
 

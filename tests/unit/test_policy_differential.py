@@ -12,9 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from effect_ledger.policy.rego_tests import rule_evaluator
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from effect_ledger.policy.rego_tests import rule_evaluator
 
 POLICY_DIR = Path(__file__).resolve().parents[2] / "policy"
 DECISION = "data.effectledger.gate.decision"

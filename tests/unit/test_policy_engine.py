@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -26,7 +26,7 @@ from effect_ledger.policy.engine import REASONS_MAX, parse_decision, policy_file
 
 REPO = Path(__file__).resolve().parents[2]
 POLICY_DIR = REPO / "policy"
-NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
 
 def parse(value):

@@ -17,9 +17,9 @@ import grpc
 import pytest
 from sqlalchemy import event, text
 
+from effect_ledger.config import Limits
 from effect_ledger.storage import round_trips
 from effect_ledger.storage.engine import DatabaseSettings, create_async
-from effect_ledger.config import Limits
 from effect_ledger.transport.guard import Guard
 
 AUTHORIZE = "/effectledger.v1.Gate/AuthorizeEffect"
@@ -62,10 +62,9 @@ async def in_call(method: str, work) -> None:
 
 
 async def two_statements_committed(engine) -> None:
-    async with engine.connect() as connection:
-        async with connection.begin():
-            await connection.execute(text("SELECT 1"))
-            await connection.execute(text("SELECT 2"))
+    async with engine.connect() as connection, connection.begin():
+        await connection.execute(text("SELECT 1"))
+        await connection.execute(text("SELECT 2"))
 
 
 async def one_statement_rolled_back(engine) -> None:

@@ -21,6 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import jsonschema
 import pytest
 import referencing.exceptions
+
 from effect_ledger.domain import checkpoints, schemas
 from effect_ledger.domain.budgets import check_dimension
 from effect_ledger.domain.contracts import (

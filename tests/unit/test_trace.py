@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import copy
 import itertools
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
 from effect_ledger.domain.trace import GENESIS_HASH, event_hash, first_break, timestamp_text
 
 TENANT, RUN = "acme", "run_1"
-T0 = datetime(2026, 11, 29, 12, 0, 0, 123456, tzinfo=timezone.utc)
+T0 = datetime(2026, 11, 29, 12, 0, 0, 123456, tzinfo=UTC)
 EVENT_SPECS = [
     ("run.created", {"labels": {}}, "agent-1"),
     ("effect.authorized", {"effect_id": "eff_1", "attempt_id": "att_1"}, "agent-1"),

@@ -426,7 +426,7 @@ def read_archive(data: bytes) -> dict[str, bytes]:
     if len(data) > ARCHIVE_SIZE_MAX_BYTES:
         raise _bad("archive", f"is larger than {ARCHIVE_SIZE_MAX_BYTES} bytes")
     try:
-        archive = tarfile.open(fileobj=io.BytesIO(data), mode="r:")
+        archive = tarfile.open(fileobj=io.BytesIO(data), mode="r:")  # noqa: SIM115 - in memory, read below
     except (tarfile.TarError, EOFError, ValueError) as error:
         raise _bad("archive", f"is not a tar archive: {error}") from None
     files: dict[str, bytes] = {}
@@ -484,7 +484,8 @@ def check_manifest_fields(manifest: dict[str, Any]) -> None:
     if not _is_count(manifest.get("revision")):
         raise _manifest_field("revision", "must be a non-negative integer")
     try:
-        check_digest(manifest.get("state_digest") if isinstance(manifest.get("state_digest"), str) else "", "state_digest")
+        state_digest = manifest.get("state_digest")
+        check_digest(state_digest if isinstance(state_digest, str) else "", "state_digest")
     except InvalidArgument:
         raise _manifest_field("state_digest", "must be sha256:<64 lowercase hex digits>") from None
     if not isinstance(manifest.get("artifacts"), list) or not all(isinstance(a, dict) for a in manifest["artifacts"]):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from effect_ledger.domain.canonical import canonical_bytes, sha256_hex
@@ -13,7 +13,7 @@ GENESIS_HASH = ""
 
 def timestamp_text(moment: datetime) -> str:
     """A fixed textual form (UTC, microseconds) so a hash never depends on a driver's types."""
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def event_hash(

@@ -76,7 +76,7 @@ class EmbeddedRegoEngine:
         try:
             engine.set_input_json(input_json.decode("utf-8") if input_json is not None else json.dumps(policy_input))
             value = engine.eval_rule(query)
-        except Exception as error:  # noqa: BLE001 - any engine fault fails closed
+        except Exception as error:
             if str(error).startswith("not a valid rule path"):
                 # regorus's answer when the policy has no such rule; OPA calls it undefined.
                 raise undefined(f"{query} is undefined (no such rule)") from error

@@ -41,8 +41,10 @@ class PolicyDecision:
 class PolicyEngine(Protocol):
     name: str
 
-    async def evaluate(self, policy_input: dict[str, Any], input_json: bytes | None = None) -> PolicyDecision:
-        """Evaluate the gate decision; raise PolicyUnavailable (never return ALLOW) on any fault.
+    async def evaluate(
+        self, policy_input: dict[str, Any], input_json: bytes | None = None, package: str = DECISION_PACKAGE
+    ) -> PolicyDecision:
+        """Evaluate the gate decision (or ``package``'s); raise PolicyUnavailable (never return ALLOW) on any fault.
 
         ``input_json``: the input already serialized (the canonical bytes the decision record
         keeps), so an engine that takes JSON text need not serialize it again."""
@@ -70,7 +72,7 @@ def parse_decision(value: Any, *, engine: str, revision: str, package: str = DEC
         raise undefined(f"the decision is a {type(value).__name__}, not an object")
     outcome_text = value.get("outcome")
     try:
-        outcome = Outcome(outcome_text)
+        outcome = Outcome(str(outcome_text))
     except ValueError:
         raise undefined(f"unknown outcome {str(outcome_text)[:40]!r}") from None
     if outcome not in POLICY_OUTCOMES:

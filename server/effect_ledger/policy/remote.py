@@ -92,7 +92,7 @@ class RemoteOpaEngine:
                 self._revision = await asyncio.wait_for(self._fetch_revision(), self.timeout_seconds)
             except PolicyUnavailable:
                 raise
-            except Exception as error:  # noqa: BLE001 - any fault fails closed
+            except Exception as error:
                 raise _unavailable("policies not readable", error) from error
             self._revision_at = time.monotonic()
         return self._revision
@@ -108,7 +108,7 @@ class RemoteOpaEngine:
             )
         except TimeoutError as error:
             raise _unavailable(f"no answer within {self.timeout_seconds} s") from error
-        except Exception as error:  # noqa: BLE001 - any fault fails closed
+        except Exception as error:
             raise _unavailable("the decision query failed", error) from error
         if not isinstance(response, dict):
             raise undefined("the response is not a JSON object")

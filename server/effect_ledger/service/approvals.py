@@ -9,9 +9,21 @@ from typing import Any
 from effect_ledger.domain import approvals as rules
 from effect_ledger.domain.approvals import Approval, ApprovalState, Intent, Vote
 from effect_ledger.domain.canonical import intent_digest, parse_json
-from effect_ledger.domain.contracts import check_identifier, check_target, check_text, check_tool_name
+from effect_ledger.domain.contracts import (
+    check_identifier,
+    check_target,
+    check_text,
+    check_tool_name,
+)
 from effect_ledger.domain.model import Principal
-from effect_ledger.errors import Conflict, FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, PreconditionViolation
+from effect_ledger.errors import (
+    Conflict,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    PreconditionViolation,
+)
 from effect_ledger.service import quotas
 from effect_ledger.storage import approval_store as store
 from effect_ledger.storage import repository as repo

@@ -90,16 +90,16 @@ class ArgumentChecker:
         kind = result[0]
         if kind == "ok":
             return [FieldViolation(field, description) for field, description in result[1]]
-        error: LedgerError
+        refusal: LedgerError
         if kind == "invalid":
-            error = InvalidArgument(
+            refusal = InvalidArgument(
                 result[1], reason=result[2], violations=[FieldViolation(f, d) for f, d in result[3]]
             )
         else:
-            error = FailedPrecondition(
+            refusal = FailedPrecondition(
                 result[1], reason=result[2], violations=[PreconditionViolation(t, s, d) for t, s, d in result[3]]
             )
-        raise error
+        raise refusal
 
     def close(self) -> None:
         pool, self._pool = self._pool, None

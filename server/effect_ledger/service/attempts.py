@@ -56,6 +56,7 @@ from effect_ledger.service.leases import (
 from effect_ledger.storage import repository as repo
 from effect_ledger.storage.engine import UnitOfWork
 
+
 @dataclass(frozen=True)
 class AttemptResult:
     attempt: Attempt

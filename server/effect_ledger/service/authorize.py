@@ -41,9 +41,9 @@ from effect_ledger.domain.model import (
 from effect_ledger.domain.policy_input import build_policy_input
 from effect_ledger.errors import (
     CommitThenRaise,
-    FieldViolation,
     Conflict,
     FailedPrecondition,
+    FieldViolation,
     InvalidArgument,
     NotFound,
     PreconditionViolation,
@@ -223,6 +223,7 @@ class Authorizer:
             if admitted.refusal:
                 decision = replace(decision, outcome=Outcome.DENY, reasons=admitted.refusal)
             else:
+                assert admitted.effect is not None and admitted.attempt is not None, "an admission without refusal"
                 decision = replace(decision, effect_id=admitted.effect.effect_id, attempt_id=admitted.attempt.attempt_id)
         elif outcome == Outcome.REQUIRE_APPROVAL:
             requested = await approvals.ensure_request(
@@ -298,7 +299,7 @@ class Authorizer:
         verdict: LedgerVerdict,
     ) -> tuple[Effect | None, LedgerVerdict]:
         """A fork sees the effects of the runs it came from and never re-executes them."""
-        chain = []
+        chain: list[str] = []
         current_run: Run | None = run
         while current_run is not None and current_run.parent_run_id and len(chain) < 16:
             chain.append(current_run.parent_run_id)

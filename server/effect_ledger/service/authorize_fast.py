@@ -19,12 +19,27 @@ from effect_ledger.domain import lifecycle
 from effect_ledger.domain.approvals import Intent
 from effect_ledger.domain.budgets import Budget, ReservationState
 from effect_ledger.domain.canonical import intent_digest
-from effect_ledger.domain.lifecycle import VerdictKind
-from effect_ledger.domain.tokens import check_certificate_binding
-from effect_ledger.domain.model import Attempt, Decision, Effect, Outcome, Principal, Reason, Role, Stage
-from effect_ledger.errors import InvalidArgument, NotFound, PermissionDenied, Unauthenticated
 from effect_ledger.domain.gate_rules import IntentFacts, authorized_events
-from effect_ledger.service.authorize import AuthorizeRequest, AuthorizeResult, checked_arguments, decide, policy_input_of
+from effect_ledger.domain.lifecycle import VerdictKind
+from effect_ledger.domain.model import (
+    Attempt,
+    Decision,
+    Effect,
+    Outcome,
+    Principal,
+    Reason,
+    Role,
+    Stage,
+)
+from effect_ledger.domain.tokens import check_certificate_binding
+from effect_ledger.errors import InvalidArgument, NotFound, PermissionDenied, Unauthenticated
+from effect_ledger.service.authorize import (
+    AuthorizeRequest,
+    AuthorizeResult,
+    checked_arguments,
+    decide,
+    policy_input_of,
+)
 from effect_ledger.service.gate import Gate
 from effect_ledger.storage import gate_store
 from effect_ledger.storage import repository as repo
@@ -209,7 +224,7 @@ def _admit(
         plan["effect_state"] = {"effect_id": effect_id, "stage": effect.stage.value}
     plan["attempt"] = gate_store.attempt_row(tenant, attempt)
     reservations = []
-    rows = []
+    rows: list[dict[str, Any]] = []
     for budget, amount in budget_rules.reservations_needed(applicable, estimate):
         reservation_id = repo.new_id("res")
         reservations.append({"budget_id": budget.budget_id, "amount": amount, "dimension": budget.dimension})

@@ -8,20 +8,25 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from effect_ledger.domain import checkpoints as rules
+from effect_ledger.domain import signing
 from effect_ledger.domain.approvals import ApprovalState
 from effect_ledger.domain.canonical import canonical_bytes, parse_json
 from effect_ledger.domain.checkpoints import ArtifactRef, ArtifactStatus, Facts, Verdict
 from effect_ledger.domain.contracts import check_identifier, check_text
-from effect_ledger.domain import signing
+from effect_ledger.domain.gate_rules import expired_in_memory
 from effect_ledger.domain.model import OPEN_STAGES, Effect, Principal, Role, Stage
 from effect_ledger.domain.trace import timestamp_text
-from effect_ledger.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, PreconditionViolation
+from effect_ledger.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    PreconditionViolation,
+)
 from effect_ledger.policy.engine import PolicyEngine
-from effect_ledger.domain.gate_rules import expired_in_memory
 from effect_ledger.service import quotas
-from effect_ledger.storage import approval_store, budget_store
+from effect_ledger.storage import approval_store, budget_store, key_store
 from effect_ledger.storage import checkpoint_store as store
-from effect_ledger.storage import key_store
 from effect_ledger.storage import repository as repo
 from effect_ledger.storage.checkpoint_store import CheckpointRecord
 from effect_ledger.storage.engine import UnitOfWork
@@ -91,7 +96,7 @@ async def ledger_sections(unit: UnitOfWork, tenant_id: str, run: Any, policy: Po
     for tool, revision in sorted({(e.tool, e.tool_revision) for e in found}):
         pinned = await repo.contract_revision(connection, tenant_id, tool, revision)
         current = await repo.latest_contract(connection, tenant_id, tool)
-        contracts[(tool, revision)] = pinned.as_policy_fact() if pinned else None
+        contracts[(tool, revision)] = pinned.as_policy_fact() if pinned else None  # type: ignore[assignment]
         tools_section.setdefault(tool, {"pinned_revisions": [], "current": current.as_policy_fact() if current else None})
         tools_section[tool]["pinned_revisions"].append(revision)
     open_effects = [_effect_section(e, contracts) for e in found if e.stage in OPEN_STAGES]
@@ -196,6 +201,7 @@ async def seal(unit: UnitOfWork, principal: Principal, request: SealRequest, pol
         )
     await _require_complete(unit, tenant, request.artifacts)
     run = await repo.get_run(unit.connection, tenant, request.run_id)
+    assert run is not None, "the run's head was locked above"
     ledger = await ledger_sections(unit, tenant, run, policy)
     checkpoint_id = repo.new_id("chk")
     manifest = rules.build_manifest(
@@ -333,6 +339,7 @@ async def resume(
             metadata={"checkpoint_id": checkpoint_id},
         )
     head = await store.lock_run_head(unit.connection, principal.tenant_id, record.run_id)
+    assert head is not None, "a checkpoint's run exists"
     segment = head.segment + 1
     open_effects = [e for e in await repo.run_effects(unit.connection, principal.tenant_id, record.run_id, SECTION_ROWS_MAX) if e.stage in OPEN_STAGES]
     for effect in open_effects:
@@ -362,6 +369,7 @@ async def fork(unit: UnitOfWork, principal: Principal, checkpoint_id: str, world
     if record.status != "REGISTERED":
         raise _refused("NOT_REGISTERED", f"checkpoint/{checkpoint_id}", "only a registered checkpoint can be forked")
     parent = await repo.get_run(unit.connection, principal.tenant_id, record.run_id)
+    assert parent is not None, "a checkpoint's run exists"
     run_id = repo.new_id("run")
     await repo.insert_run(
         unit.connection, tenant_id=principal.tenant_id, run_id=run_id, created_by=principal.principal_id, now=unit.now,
@@ -521,6 +529,12 @@ async def import_archive(
 # --- artifacts and sibling lifetimes -------------------------------------------------------
 
 
+async def _stored(unit: UnitOfWork, principal: Principal, digest: str) -> store.ArtifactRow:
+    row = await store.get_artifact(unit.connection, principal.tenant_id, digest)
+    assert row is not None, "stored in this transaction"
+    return row
+
+
 async def _artifact_quota(unit: UnitOfWork, principal: Principal, quota: int) -> None:
     if await store.stored_artifacts(unit.connection, principal.tenant_id, quota) >= quota:
         raise quotas.exceeded("stored_artifacts", principal.tenant_id, quota, "delete artifacts no checkpoint needs")
@@ -543,7 +557,7 @@ async def put_artifact(
         )
     elif existing.status != ArtifactStatus.COMPLETE:
         await store.set_artifact(unit.connection, principal.tenant_id, digest, unit.now, status=ArtifactStatus.COMPLETE.value, content=content, size_bytes=len(content))
-    return await store.get_artifact(unit.connection, principal.tenant_id, digest)
+    return await _stored(unit, principal, digest)
 
 
 async def declare_artifact(
@@ -564,7 +578,7 @@ async def declare_artifact(
             unit.connection, principal.tenant_id, digest=digest, size_bytes=size_bytes, media_type=media_type,
             status=ArtifactStatus.PENDING, location=location, content=None, now=unit.now,
         )
-    return await store.get_artifact(unit.connection, principal.tenant_id, digest)
+    return await _stored(unit, principal, digest)
 
 
 async def set_artifact_status(unit: UnitOfWork, principal: Principal, digest: str, status: ArtifactStatus) -> store.ArtifactRow:
@@ -578,7 +592,7 @@ async def set_artifact_status(unit: UnitOfWork, principal: Principal, digest: st
     elif existing.status == ArtifactStatus.TOMBSTONE:
         raise _refused("ARTIFACT_DELETED", f"artifact/{digest}", "a deleted artifact cannot be completed again; put its content")
     await store.set_artifact(unit.connection, principal.tenant_id, digest, unit.now, **values)
-    return await store.get_artifact(unit.connection, principal.tenant_id, digest)
+    return await _stored(unit, principal, digest)
 
 
 async def _require_run(unit: UnitOfWork, principal: Principal, run_id: str) -> None:

@@ -4,7 +4,6 @@ by a read that would show them, or by the sweeper."""
 
 from __future__ import annotations
 
-
 from effect_ledger.domain import lifecycle
 from effect_ledger.domain.gate_rules import (
     expired_in_memory,

@@ -14,7 +14,13 @@ from datetime import datetime, timedelta
 from effect_ledger.domain.contracts import check_identifier
 from effect_ledger.domain.model import Principal, Role
 from effect_ledger.domain.tokens import new_token, token_hash
-from effect_ledger.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, PreconditionViolation
+from effect_ledger.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    PreconditionViolation,
+)
 from effect_ledger.storage import principal_store as store
 from effect_ledger.storage.engine import UnitOfWork
 from effect_ledger.storage.principal_store import PrincipalRecord

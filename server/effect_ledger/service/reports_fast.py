@@ -20,13 +20,21 @@ from typing import Any
 from effect_ledger.domain import budgets as budget_rules
 from effect_ledger.domain import lifecycle
 from effect_ledger.domain.budgets import ReservationState
-from effect_ledger.domain.lifecycle import Report
-from effect_ledger.domain.model import OPEN_STAGES, Attempt, Effect, Principal, Role, Stage, ToolContract
 from effect_ledger.domain.contracts import check_identifier, is_identifier
 from effect_ledger.domain.gate_rules import foreign_attempts, not_owned
+from effect_ledger.domain.lifecycle import Report
+from effect_ledger.domain.model import (
+    OPEN_STAGES,
+    Attempt,
+    Effect,
+    Principal,
+    Role,
+    Stage,
+    ToolContract,
+)
 from effect_ledger.errors import NotFound
-from effect_ledger.service.authorize_fast import Fallback, authenticated
 from effect_ledger.service.attempts import AttemptResult, attempt_refusal, report_payload
+from effect_ledger.service.authorize_fast import Fallback, authenticated
 from effect_ledger.service.gate import Gate
 from effect_ledger.storage import gate_store
 

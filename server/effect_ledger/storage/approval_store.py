@@ -14,7 +14,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from effect_ledger.domain.approvals import Approval, ApprovalState, Vote
 from effect_ledger.domain.canonical import canonical_bytes
 from effect_ledger.domain.model import Role
-from effect_ledger.storage.statements import prepared
 from effect_ledger.storage.dialect import insert_ignoring_conflict, is_postgresql
 from effect_ledger.storage.schema import (
     approval_events,
@@ -23,6 +22,7 @@ from effect_ledger.storage.schema import (
     principals,
     tenant_counters,
 )
+from effect_ledger.storage.statements import prepared
 
 APPROVAL_SEQUENCE = "approval_events"
 

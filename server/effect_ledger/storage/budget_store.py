@@ -50,7 +50,7 @@ def _reservation(row: Row[Any]) -> Reservation:
     )
 
 
-def _applicable(tenant_id: str, run_id: str, root_run_id: str) -> Any:
+def _applicable(tenant_id: Any, run_id: Any, root_run_id: Any) -> Any:
     return and_(
         budgets.c.tenant_id == tenant_id,
         or_(

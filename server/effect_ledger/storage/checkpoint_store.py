@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Callable
+from typing import Any
 
 from sqlalchemy import and_, bindparam, func, insert, select, update
 from sqlalchemy.engine import Row
@@ -15,7 +16,6 @@ from effect_ledger.domain.canonical import canonical_bytes
 from effect_ledger.domain.checkpoints import ArtifactClass, ArtifactRef, ArtifactStatus, Facts
 from effect_ledger.domain.model import Stage
 from effect_ledger.storage.dialect import insert_ignoring_conflict
-from effect_ledger.storage.statements import prepared
 from effect_ledger.storage.schema import (
     artifacts,
     checkpoints,
@@ -26,6 +26,7 @@ from effect_ledger.storage.schema import (
     runs,
     snapshots,
 )
+from effect_ledger.storage.statements import prepared
 
 
 def _text(value: Any) -> str:
@@ -284,7 +285,7 @@ async def outstanding_obligations(connection: AsyncConnection, tenant_id: str, r
 async def ancestor_effect(
     connection: AsyncConnection, tenant_id: str, run_ids: list[str], tool: str, target: str,
     digest_at: Callable[[int], str],
-) -> Row[Any] | None:
+) -> Any:
     """An effect of this intent in one of the given (ancestor) runs: settled ones first.
 
     Each candidate is compared under the tool revision it is pinned to (``digest_at(revision)``

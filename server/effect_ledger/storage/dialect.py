@@ -4,7 +4,7 @@ needs a feature only one of them has asks ``is_postgresql``."""
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import func, select
@@ -41,8 +41,8 @@ def clock_expression(dialect_name: str) -> Any:
 
 def clock_value(value: Any) -> datetime:
     if isinstance(value, datetime):
-        return value.astimezone(timezone.utc)
-    return datetime.strptime(value, "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=timezone.utc)
+        return value.astimezone(UTC)
+    return datetime.strptime(value, "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=UTC)
 
 
 async def database_now(connection: AsyncConnection) -> datetime:

@@ -12,7 +12,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,8 +22,14 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from effect_ledger.errors import (
+    CommitOutcomeUnknown,
+    CommitThenRaise,
+    Conflict,
+    LedgerError,
+    StorageUnavailable,
+)
 from effect_ledger.faults import crash_point
-from effect_ledger.errors import CommitOutcomeUnknown, CommitThenRaise, Conflict, LedgerError, StorageUnavailable
 from effect_ledger.storage import round_trips
 from effect_ledger.storage.dialect import database_now, is_sqlite, normalize_url
 from effect_ledger.storage.trace_store import append_events
@@ -245,7 +251,7 @@ class Database:
             try:
                 # Callers that read the clock within their first query (authentication) skip
                 # the separate round trip.
-                now = await database_now(connection) if read_clock else datetime.min.replace(tzinfo=timezone.utc)
+                now = await database_now(connection) if read_clock else datetime.min.replace(tzinfo=UTC)
                 unit = UnitOfWork(connection, now)
                 yield unit
                 await unit.flush_events()
@@ -284,7 +290,7 @@ class Database:
                 continue
             except LedgerError:
                 raise
-            except Exception as error:  # noqa: BLE001 - classified below, re-raised otherwise
+            except Exception as error:
                 mapped = classify(error)
                 if mapped is None:
                     raise
@@ -311,6 +317,7 @@ class Database:
             try:
                 async with self.engine.connect() as connection:
                     driver = (await connection.get_raw_connection()).driver_connection
+                    assert driver is not None, "a pooled connection has its driver connection"
                     # The work sends BEGIN and COMMIT itself, inside its query strings.
                     await driver.set_autocommit(True)
                     try:
@@ -334,7 +341,7 @@ class Database:
                 continue
             except LedgerError:
                 raise
-            except Exception as error:  # noqa: BLE001 - classified below, re-raised otherwise
+            except Exception as error:
                 mapped = classify_driver(error)
                 if mapped is None:
                     raise

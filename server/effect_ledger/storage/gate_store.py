@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
+
+from effect_ledger import faults
 from effect_ledger.domain.budgets import Budget, Scope
 from effect_ledger.domain.canonical import canonical_bytes
 from effect_ledger.domain.model import (
@@ -37,9 +40,6 @@ from effect_ledger.domain.model import (
     ToolContract,
 )
 from effect_ledger.domain.trace import timestamp_text
-import psycopg
-
-from effect_ledger import faults
 from effect_ledger.errors import CommitOutcomeUnknown
 from effect_ledger.storage import round_trips
 
@@ -356,7 +356,7 @@ _REVISION_SENTINEL = 987_654_321_987_654_321
 def _time(value: str | None) -> datetime | None:
     if value is None:
         return None
-    return datetime.fromisoformat(value).astimezone(timezone.utc)
+    return datetime.fromisoformat(value).astimezone(UTC)
 
 
 def required_time(value: str) -> datetime:
@@ -476,10 +476,10 @@ def budget_of(row: dict[str, Any]) -> Budget:
         posted=row["posted"],
         pending=row["pending"],
         reset_period_seconds=row["reset_period_seconds"],
-        period_started_at=_time(row["period_started_at"]),
+        period_started_at=required_time(row["period_started_at"]),
         period_ends_at=_time(row["period_ends_at"]),
-        created_at=_time(row["created_at"]),
-        updated_at=_time(row["updated_at"]),
+        created_at=required_time(row["created_at"]),
+        updated_at=required_time(row["updated_at"]),
     )
 
 
@@ -691,5 +691,6 @@ async def apply(connection: Any, plan: dict[str, Any], input_bytes: bytes) -> di
             "retry with the same idempotency key and the ledger will answer what happened"
         ) from error
     round_trips.note()
+    assert row is not None, "el_apply returns one row"
     result: dict[str, Any] = row[0]
     return result

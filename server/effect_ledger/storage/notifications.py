@@ -174,7 +174,8 @@ class FeedWakeups:
                 continue
             try:
                 latest = await self.database.run(
-                    lambda unit: approval_store.latest_sequences(unit.connection, tenants), read_clock=False
+                    lambda unit: approval_store.latest_sequences(unit.connection, tenants),  # noqa: B023 - awaited here
+                    read_clock=False,
                 )
             except asyncio.CancelledError:
                 raise

@@ -37,7 +37,6 @@ from effect_ledger.domain.model import (
     ToolContract,
 )
 from effect_ledger.storage.dialect import clock_expression, clock_value, insert_ignoring_conflict
-from effect_ledger.storage.statements import prepared
 from effect_ledger.storage.schema import (
     attempts,
     decisions,
@@ -47,6 +46,7 @@ from effect_ledger.storage.schema import (
     runs,
     tool_contracts,
 )
+from effect_ledger.storage.statements import prepared
 
 
 def new_id(prefix: str) -> str:

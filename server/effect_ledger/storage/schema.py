@@ -6,7 +6,7 @@ fails when these tables and the migrated database drift apart.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from sqlalchemy import (
     BigInteger,
@@ -24,8 +24,8 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
-from sqlalchemy import text
 from sqlalchemy.types import TypeDecorator
 
 NAMING_CONVENTION = {
@@ -57,15 +57,15 @@ class UtcDateTime(TypeDecorator[datetime]):
             return None
         if value.tzinfo is None:
             raise ValueError("naive datetime given to UtcDateTime")
-        value = value.astimezone(timezone.utc)
+        value = value.astimezone(UTC)
         return value if dialect.name == "postgresql" else value.replace(tzinfo=None)
 
     def process_result_value(self, value: datetime | None, dialect):  # type: ignore[override]
         if value is None:
             return None
         if value.tzinfo is None:
-            return value.replace(tzinfo=timezone.utc)
-        return value.astimezone(timezone.utc)
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
 
 
 principals = Table(

@@ -48,7 +48,7 @@ async def append_events(
     )
     head = (await connection.execute(lock_head, {"tenant_id": tenant_id, "run_id": run_id})).one()
     revision, prev_hash = head.revision, head.head_hash
-    rows = []
+    rows: list[dict[str, Any]] = []
     for event_type, payload, principal_id in pending:
         revision += 1
         digest = event_hash(
@@ -75,14 +75,14 @@ async def append_events(
             }
         )
         prev_hash = digest
-    head = {"where_tenant_id": tenant_id, "where_run_id": run_id, "new_revision": revision, "new_head_hash": prev_hash}
+    new_head = {"where_tenant_id": tenant_id, "where_run_id": run_id, "new_revision": revision, "new_head_hash": prev_hash}
     if is_postgresql(connection) and len(rows) == 1:
         # One round trip: the event and the new head in one statement (a data-modifying CTE).
-        event = {f"event_{name}": value for name, value in rows[0].items()}
-        await connection.execute(prepared("append_one_event", "postgresql", _append_one_event), {**head, **event})
+        first = {f"event_{name}": value for name, value in rows[0].items()}
+        await connection.execute(prepared("append_one_event", "postgresql", _append_one_event), {**new_head, **first})
     else:
         await connection.execute(prepared("insert_events", "", lambda: insert(run_events)), rows)
-        await connection.execute(prepared("move_run_head", "", _move_run_head), head)
+        await connection.execute(prepared("move_run_head", "", _move_run_head), new_head)
     return revision
 
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from effect_ledger.domain import canonical
-from effect_ledger.domain.schemas import SCHEMA_SIZE_MAX_BYTES
 from effect_ledger.domain.model import (
     Attempt,
     Decision,
@@ -23,11 +22,11 @@ from effect_ledger.domain.model import (
     Stage,
     ToolContract,
 )
+from effect_ledger.domain.schemas import SCHEMA_SIZE_MAX_BYTES
 from effect_ledger.errors import InvalidArgument
 from effect_ledger.service.attempts import AttemptResult
 from effect_ledger.service.authorize import AuthorizeResult
 from effectledger.v1 import common_pb2, gate_pb2, runs_pb2, tools_pb2
-
 
 
 def timestamp(moment: datetime | None) -> Timestamp | None:
@@ -145,7 +144,8 @@ def event_to_proto(event: RunEvent) -> runs_pb2.RunEvent:
 # --- the gate ------------------------------------------------------------------------------
 
 
-def stage_value(stage: Stage | None) -> int:
+def stage_value(stage: Stage | None) -> Any:
+    """The proto enum number (typed Any: the generated stubs want their own enum type)."""
     return common_pb2.Stage.Value(stage.value) if stage is not None else 0
 
 
@@ -162,6 +162,11 @@ def receipt_to_proto(receipt: Receipt | None) -> common_pb2.Receipt | None:
         digest=receipt.digest,
         recorded_at=timestamp(receipt.recorded_at),
     )
+
+
+def evidence_value(evidence: FailureEvidence | None) -> Any:
+    """The proto enum number (typed Any: the generated stubs want their own enum type)."""
+    return gate_pb2.FailureEvidence.Value(evidence.value) if evidence else 0
 
 
 def failure_evidence(value: int) -> FailureEvidence:
@@ -204,9 +209,7 @@ def attempt_to_proto(attempt: Attempt) -> gate_pb2.Attempt:
         finished_at=timestamp(attempt.finished_at),
         decision_id=attempt.decision_id,
         outcome_reason=attempt.outcome_reason,
-        failure_evidence=(
-            gate_pb2.FailureEvidence.Value(attempt.failure_evidence.value) if attempt.failure_evidence else 0
-        ),
+        failure_evidence=evidence_value(attempt.failure_evidence),
         receipt=receipt_to_proto(attempt.receipt),
         provider_key_reused=attempt.provider_key_reused,
         approval_id=attempt.approval_id,
@@ -348,4 +351,4 @@ def time_from_proto(stamp: Timestamp, field: str) -> datetime:
     """A request's timestamp as an aware UTC datetime; out of range: INVALID_ARGUMENT."""
     if not (TIMESTAMP_SECONDS_MIN <= stamp.seconds <= TIMESTAMP_SECONDS_MAX and 0 <= stamp.nanos < 1_000_000_000):
         raise InvalidArgument.field(field, "is not a valid timestamp (years 1 to 9999)", reason="INVALID_TIMESTAMP")
-    return stamp.ToDatetime(tzinfo=timezone.utc)
+    return stamp.ToDatetime(tzinfo=UTC)

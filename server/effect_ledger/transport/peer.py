@@ -12,29 +12,24 @@ the same certificate).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    import grpc
-
-    Context = grpc.ServicerContext | grpc.aio.ServicerContext
+from typing import Any
 
 # A subject or common name longer than this is not one a principal is bound to.
 NAME_LENGTH_MAX_BYTES = 1024
 
 
-def client_subject(context: Context) -> str | None:
+def client_subject(context: Any) -> str | None:
     """The verified client certificate's subject, e.g. ``CN=agent-7,O=Example``; None without
     one (plaintext, TLS without client certificates)."""
     return _certificate_property(context, "x509_subject")
 
 
-def client_common_name(context: Context) -> str | None:
+def client_common_name(context: Any) -> str | None:
     """The verified client certificate's common name (CN), e.g. ``agent-7``; None without one."""
     return _certificate_property(context, "x509_common_name")
 
 
-def _certificate_property(context: Context, name: str) -> str | None:
+def _certificate_property(context: Any, name: str) -> str | None:
     """One value of the call's auth context (``grpc.ServicerContext.auth_context()``, a dict of
     lists of bytes), only over TLS, and only when there is exactly one."""
     properties = context.auth_context() or {}

@@ -4,40 +4,45 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import grpc
+from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from effect_ledger.config import ServerSettings
 from effect_ledger.policy.engine import PolicyEngine
 from effect_ledger.service import argument_checks
+from effect_ledger.service.approvals import ApprovalSettings
+from effect_ledger.service.checkpoints import KeySettings
 from effect_ledger.service.gate import Gate
 from effect_ledger.service.leases import sweep_expired_leases
-from effect_ledger.storage import repository as repo
 from effect_ledger.storage import key_store, round_trips
+from effect_ledger.storage import repository as repo
 from effect_ledger.storage.dialect import database_now
 from effect_ledger.storage.engine import Database
 from effect_ledger.transport.guard import Guard
-from effect_ledger.transport.servicers_principals import PrincipalsServicer
 from effect_ledger.transport.servicers import (
     Application,
     GateServicer,
     RunsServicer,
     ToolRegistryServicer,
 )
-from effect_ledger.service.approvals import ApprovalSettings
-from effect_ledger.service.checkpoints import KeySettings
 from effect_ledger.transport.servicers_approvals import ApprovalsServicer, BudgetsServicer
 from effect_ledger.transport.servicers_checkpoints import (
     CheckpointsServicer,
     load_signing_key,
     load_verification_key,
 )
+from effect_ledger.transport.servicers_principals import PrincipalsServicer
 from effectledger.v1 import (
     approvals_pb2,
     approvals_pb2_grpc,
@@ -54,11 +59,6 @@ from effectledger.v1 import (
     tools_pb2,
     tools_pb2_grpc,
 )
-from datetime import datetime, timezone
-
-from cryptography import x509
-from cryptography.exceptions import UnsupportedAlgorithm
-from cryptography.hazmat.primitives import serialization
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +114,10 @@ async def _health_monitor(database: Database, servicer: health.aio.HealthService
         await asyncio.sleep(interval)
 
 
+async def _sweep_one(unit, *, tenant_id: str, effect_id: str) -> None:  # type: ignore[no-untyped-def]
+    await sweep_expired_leases(unit, tenant_id, effect_id)
+
+
 async def _lease_sweeper(database: Database, interval: float, batch: int) -> None:
     """Record lease expiries by the database clock, so UNKNOWN shows up without a caller."""
     while True:
@@ -123,7 +127,7 @@ async def _lease_sweeper(database: Database, interval: float, batch: int) -> Non
                 return await repo.expired_lease_effects(unit.connection, await database_now(unit.connection), batch)
 
             for tenant_id, effect_id in await database.run(find):
-                await database.run(lambda unit, t=tenant_id, e=effect_id: sweep_expired_leases(unit, t, e))
+                await database.run(functools.partial(_sweep_one, tenant_id=tenant_id, effect_id=effect_id))
         except asyncio.CancelledError:
             raise
         except Exception as error:  # noqa: BLE001 - keep sweeping; the next pass retries
@@ -275,7 +279,7 @@ def server_credentials(settings: ServerSettings) -> grpc.ServerCredentials | Non
     key_pem = _read_tls_file(key, "--tls-key")
     chain = _load_certificates(chain_pem, certificate, "--tls-cert")
     _check_key_matches(key_pem, key, chain[0])
-    if chain[0].not_valid_after_utc < datetime.now(timezone.utc):
+    if chain[0].not_valid_after_utc < datetime.now(UTC):
         log.warning("the TLS certificate %s expired at %s: clients will refuse it", certificate,
                     chain[0].not_valid_after_utc.isoformat())
     client_ca_pem = None

@@ -22,7 +22,14 @@ from effect_ledger.service.gate import Gate
 from effect_ledger.storage import repository as repo
 from effect_ledger.storage.engine import Database, UnitOfWork
 from effect_ledger.transport import guard, mapping, peer
-from effectledger.v1 import gate_pb2, gate_pb2_grpc, runs_pb2, runs_pb2_grpc, tools_pb2, tools_pb2_grpc
+from effectledger.v1 import (
+    gate_pb2,
+    gate_pb2_grpc,
+    runs_pb2,
+    runs_pb2_grpc,
+    tools_pb2,
+    tools_pb2_grpc,
+)
 
 T = TypeVar("T")
 

@@ -6,7 +6,13 @@ from effect_ledger.errors import InvalidArgument
 from effect_ledger.service import principals
 from effect_ledger.storage.principal_store import PrincipalRecord
 from effect_ledger.transport import mapping
-from effect_ledger.transport.servicers import ADMINS, EVERY_ROLE, Application, decode_token, encode_token
+from effect_ledger.transport.servicers import (
+    ADMINS,
+    EVERY_ROLE,
+    Application,
+    decode_token,
+    encode_token,
+)
 from effectledger.v1 import principals_pb2, principals_pb2_grpc
 
 

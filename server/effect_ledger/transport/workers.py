@@ -235,7 +235,7 @@ class Supervisor:
         """Start worker ``index`` again whenever it exits, within the restart budget."""
         try:
             await self._restart_on_exit(index, address)
-        except Exception:  # noqa: BLE001 - a slot nobody watches: stop rather than run short
+        except Exception:
             log.exception("supervising worker %d failed: giving up", index)
             self.gave_up.set()
 

@@ -12,16 +12,15 @@ Triggers and functions are not part of the SQLAlchemy metadata, so the drift che
 see them.
 
 """
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 from alembic import op
 
-
 # revision identifiers, used by Alembic.
 revision: str = '0005'
-down_revision: Union[str, Sequence[str], None] = '0004'
-branch_labels: Union[str, Sequence[str], None] = None
-depends_on: Union[str, Sequence[str], None] = None
+down_revision: str | Sequence[str] | None = '0004'
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
 
 # Also in effect_ledger.storage.notifications.CHANNEL; a migration keeps its own copy, so that
 # it means the same thing whatever the code becomes.

@@ -9,16 +9,15 @@ them from it with CREATE OR REPLACE. A change of that text comes with a new revi
 the same statements again, so a database at head always holds the text the code calls.
 
 """
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 from alembic import op
 
-
 # revision identifiers, used by Alembic.
 revision: str = '0006'
-down_revision: Union[str, Sequence[str], None] = '0005'
-branch_labels: Union[str, Sequence[str], None] = None
-depends_on: Union[str, Sequence[str], None] = None
+down_revision: str | Sequence[str] | None = '0005'
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:

@@ -10,17 +10,16 @@ are created again from effect_ledger/storage/gate_store.py), where a join with t
 was planned as a scan of the whole attempts table.
 
 """
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
 
-
 # revision identifiers, used by Alembic.
 revision: str = '0009'
-down_revision: Union[str, Sequence[str], None] = '0008'
-branch_labels: Union[str, Sequence[str], None] = None
-depends_on: Union[str, Sequence[str], None] = None
+down_revision: str | Sequence[str] | None = '0008'
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
 
 OPEN = "stage IN ('AUTHORIZED', 'DISPATCHED', 'UNKNOWN')"
 

@@ -7,18 +7,16 @@ start, rotated with ``effect-ledger checkpoint-keys rotate``) and the public key
 deployments whose archives it trusts.
 
 """
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
 
-
-
 # revision identifiers, used by Alembic.
 revision: str = '0010'
-down_revision: Union[str, Sequence[str], None] = '0009'
-branch_labels: Union[str, Sequence[str], None] = None
-depends_on: Union[str, Sequence[str], None] = None
+down_revision: str | Sequence[str] | None = '0009'
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:

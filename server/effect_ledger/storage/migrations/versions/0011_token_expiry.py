@@ -7,17 +7,16 @@ principal's token stops working, when it was issued, and the certificate subject
 too: they are created again from effect_ledger/storage/gate_store.py).
 
 """
-from typing import Sequence, Union
+from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
 
-
 # revision identifiers, used by Alembic.
 revision: str = '0011'
-down_revision: Union[str, Sequence[str], None] = '0010'
-branch_labels: Union[str, Sequence[str], None] = None
-depends_on: Union[str, Sequence[str], None] = None
+down_revision: str | Sequence[str] | None = '0010'
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
