@@ -295,6 +295,8 @@ ENUM_FIELDS = {
     ("Gate", "RecordOutcome", "failed.evidence"),
     ("Checkpoints", "SealCheckpoint", "artifacts.classification"),
     ("Checkpoints", "ForkRun", "world"),
+    ("Gate", "ListEffects", "stages"),
+    ("Gate", "ListDecisions", "outcome"),
 }
 
 
@@ -362,6 +364,8 @@ def test_an_undefined_enum_number_is_invalid_argument_in_every_request(
                 ],
             )
         ),
+        "stages[0]": lambda: agent.gate.ListEffects(gate_pb2.ListEffectsRequest(stages=[UNDEFINED])),
+        "outcome": lambda: agent.gate.ListDecisions(gate_pb2.ListDecisionsRequest(outcome=UNDEFINED)),
         "world": lambda: stub.ForkRun(
             checkpoints_pb2.ForkRunRequest(
                 checkpoint_id="chk_x", world=UNDEFINED, difference="what if"

@@ -12,7 +12,7 @@ import itertools
 import pytest
 
 from effect_ledger.errors import LedgerError
-from effectledger.v1 import approvals_pb2, common_pb2, gate_pb2
+from effectledger.v1 import approvals_pb2, common_pb2, gate_pb2, runs_pb2
 from support import REPO, authorize_request, contract, new_run, unknown
 
 ROLES = ("agent", "operator", "admin", "reviewer", "auditor")
@@ -75,6 +75,12 @@ def _call(rpc: str, client, agent, run_id: str) -> None:
         gate.GetEffect(gate_pb2.GetEffectRequest(effect_id=effect_id))
     elif rpc == "ListOpenEffects":
         gate.ListOpenEffects(gate_pb2.ListOpenEffectsRequest(run_id=run_id))
+    elif rpc == "ListEffects":
+        gate.ListEffects(gate_pb2.ListEffectsRequest(run_id=run_id))
+    elif rpc == "ListDecisions":
+        gate.ListDecisions(gate_pb2.ListDecisionsRequest(run_id=run_id))
+    elif rpc == "ListRuns":
+        client.runs.ListRuns(runs_pb2.ListRunsRequest())
     elif rpc == "DecideApproval":
         approval = agent.approvals.RequestApproval(
             approvals_pb2.RequestApprovalRequest(

@@ -14,6 +14,7 @@ from effect_ledger.domain.model import (
     Effect,
     EffectClass,
     FailureEvidence,
+    Outcome,
     Reason,
     Receipt,
     Recovery,
@@ -352,3 +353,20 @@ def time_from_proto(stamp: Timestamp, field: str) -> datetime:
     if not (TIMESTAMP_SECONDS_MIN <= stamp.seconds <= TIMESTAMP_SECONDS_MAX and 0 <= stamp.nanos < 1_000_000_000):
         raise InvalidArgument.field(field, "is not a valid timestamp (years 1 to 9999)", reason="INVALID_TIMESTAMP")
     return stamp.ToDatetime(tzinfo=UTC)
+
+
+def optional_time(message: Any, field: str) -> datetime | None:
+    """A request's optional timestamp field (None when unset)."""
+    return time_from_proto(getattr(message, field), field) if message.HasField(field) else None
+
+
+def stages_filter(values: Any) -> frozenset[Stage]:
+    """A repeated Stage filter; empty means every stage."""
+    if len(values) > len(Stage):
+        raise InvalidArgument.field("stages", f"at most {len(Stage)} stages", reason="TOO_MANY_VALUES")
+    return frozenset(enum_value(common_pb2.Stage, value, f"stages[{index}]", Stage) for index, value in enumerate(values))
+
+
+def outcome_filter(value: int) -> Outcome | None:
+    """An Outcome filter; OUTCOME_UNSPECIFIED means any outcome."""
+    return enum_value(common_pb2.Outcome, value, "outcome", Outcome, required=False)

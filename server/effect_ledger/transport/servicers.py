@@ -15,7 +15,7 @@ from effect_ledger.domain.lifecycle import Report, ReportKind
 from effect_ledger.domain.model import RECONCILING_ROLES, Principal, Role
 from effect_ledger.domain.tokens import check_certificate_binding, token_hash
 from effect_ledger.errors import InvalidArgument, PermissionDenied, Unauthenticated
-from effect_ledger.service import authorize_fast, reports_fast, runs, tools
+from effect_ledger.service import authorize_fast, queries, reports_fast, runs, tools
 from effect_ledger.service.attempts import parse_lookup, parse_receipt
 from effect_ledger.service.authorize import AuthorizeRequest, validate_authorize
 from effect_ledger.service.gate import Gate
@@ -206,6 +206,26 @@ class RunsServicer(runs_pb2_grpc.RunsServicer):
             next_after_revision=events[-1].revision if len(events) == size else 0,
         )
 
+    async def ListRuns(self, request, context):
+        limits = self.app.limits
+        size = self.app.page_size(request.page_size, limits.page_size_default, limits.page_size_max)
+        after = decode_token(request.page_token)
+        created = queries.CreatedRange(
+            mapping.optional_time(request, "created_after"), mapping.optional_time(request, "created_before")
+        )
+        page = await self.app.call(
+            context,
+            EVERY_ROLE,
+            lambda unit, principal: queries.list_runs(
+                unit, principal, label_key=request.label_key, label_value=request.label_value,
+                created=created, after_id=after, limit=size,
+            ),
+        )
+        return runs_pb2.ListRunsResponse(
+            runs=[mapping.run_to_proto(r) for r in page.items],
+            next_page_token=encode_token(page.next_after) if page.next_after else "",
+        )
+
 
 class GateServicer(gate_pb2_grpc.GateServicer):
     def __init__(self, app: Application) -> None:
@@ -374,3 +394,42 @@ class GateServicer(gate_pb2_grpc.GateServicer):
             context, EVERY_ROLE, lambda unit, principal: self.gate.get_decision(unit, principal, request.decision_id)
         )
         return mapping.decision_to_proto(decision)
+
+    async def ListEffects(self, request, context):
+        limits = self.app.limits
+        size = self.app.page_size(request.page_size, limits.page_size_default, limits.page_size_max)
+        after = decode_token(request.page_token)
+        stages = mapping.stages_filter(request.stages)
+        created = queries.CreatedRange(
+            mapping.optional_time(request, "created_after"), mapping.optional_time(request, "created_before")
+        )
+        page = await self.app.call(
+            context,
+            EVERY_ROLE,
+            lambda unit, principal: queries.list_effects(
+                unit, principal, stages=stages, tool=request.tool, run_id=request.run_id, target=request.target,
+                created=created, after_id=after, limit=size,
+            ),
+        )
+        return gate_pb2.ListEffectsResponse(
+            effects=[mapping.effect_to_proto(e) for e in page.items],
+            next_page_token=encode_token(page.next_after) if page.next_after else "",
+        )
+
+    async def ListDecisions(self, request, context):
+        limits = self.app.limits
+        size = self.app.page_size(request.page_size, limits.page_size_default, limits.page_size_max)
+        after = decode_token(request.page_token)
+        outcome = mapping.outcome_filter(request.outcome)
+        page = await self.app.call(
+            context,
+            EVERY_ROLE,
+            lambda unit, principal: queries.list_decisions(
+                unit, principal, outcome=outcome, reason_code=request.reason, run_id=request.run_id,
+                tool=request.tool, after_id=after, limit=size,
+            ),
+        )
+        return gate_pb2.ListDecisionsResponse(
+            decisions=[mapping.decision_to_proto(d) for d in page.items],
+            next_page_token=encode_token(page.next_after) if page.next_after else "",
+        )

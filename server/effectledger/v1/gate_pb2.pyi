@@ -301,3 +301,55 @@ class Decision(_message.Message):
     created_at: _timestamp_pb2.Timestamp
     tool: str
     def __init__(self, decision_id: _Optional[str] = ..., run_id: _Optional[str] = ..., effect_id: _Optional[str] = ..., attempt_id: _Optional[str] = ..., outcome: _Optional[_Union[_common_pb2.Outcome, str]] = ..., reasons: _Optional[_Iterable[_Union[_common_pb2.Reason, _Mapping]]] = ..., policy_revision: _Optional[str] = ..., engine: _Optional[str] = ..., input_digest: _Optional[str] = ..., input_json: _Optional[bytes] = ..., intent_digest: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., principal_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tool: _Optional[str] = ...) -> None: ...
+
+class ListEffectsRequest(_message.Message):
+    __slots__ = ("stages", "tool", "run_id", "target", "created_after", "created_before", "page_size", "page_token")
+    STAGES_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AFTER_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    stages: _containers.RepeatedScalarFieldContainer[_common_pb2.Stage]
+    tool: str
+    run_id: str
+    target: str
+    created_after: _timestamp_pb2.Timestamp
+    created_before: _timestamp_pb2.Timestamp
+    page_size: int
+    page_token: str
+    def __init__(self, stages: _Optional[_Iterable[_Union[_common_pb2.Stage, str]]] = ..., tool: _Optional[str] = ..., run_id: _Optional[str] = ..., target: _Optional[str] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListEffectsResponse(_message.Message):
+    __slots__ = ("effects", "next_page_token")
+    EFFECTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    effects: _containers.RepeatedCompositeFieldContainer[Effect]
+    next_page_token: str
+    def __init__(self, effects: _Optional[_Iterable[_Union[Effect, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class ListDecisionsRequest(_message.Message):
+    __slots__ = ("outcome", "reason", "run_id", "tool", "page_size", "page_token")
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    TOOL_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    outcome: _common_pb2.Outcome
+    reason: str
+    run_id: str
+    tool: str
+    page_size: int
+    page_token: str
+    def __init__(self, outcome: _Optional[_Union[_common_pb2.Outcome, str]] = ..., reason: _Optional[str] = ..., run_id: _Optional[str] = ..., tool: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListDecisionsResponse(_message.Message):
+    __slots__ = ("decisions", "next_page_token")
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    decisions: _containers.RepeatedCompositeFieldContainer[Decision]
+    next_page_token: str
+    def __init__(self, decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

@@ -88,6 +88,16 @@ class GateStub:
                 request_serializer=effectledger_dot_v1_dot_gate__pb2.GetDecisionRequest.SerializeToString,
                 response_deserializer=effectledger_dot_v1_dot_gate__pb2.Decision.FromString,
                 _registered_method=True)
+        self.ListEffects = channel.unary_unary(
+                '/effectledger.v1.Gate/ListEffects',
+                request_serializer=effectledger_dot_v1_dot_gate__pb2.ListEffectsRequest.SerializeToString,
+                response_deserializer=effectledger_dot_v1_dot_gate__pb2.ListEffectsResponse.FromString,
+                _registered_method=True)
+        self.ListDecisions = channel.unary_unary(
+                '/effectledger.v1.Gate/ListDecisions',
+                request_serializer=effectledger_dot_v1_dot_gate__pb2.ListDecisionsRequest.SerializeToString,
+                response_deserializer=effectledger_dot_v1_dot_gate__pb2.ListDecisionsResponse.FromString,
+                _registered_method=True)
 
 
 class GateServicer:
@@ -161,6 +171,23 @@ class GateServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListEffects(self, request, context):
+        """The tenant's effects of any run, in effect_id order (ids begin with their creation
+        time, so this is creation order), filtered; a stage filter sees leases that ran out
+        as UNKNOWN (and records the expiry, like GetEffect).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListDecisions(self, request, context):
+        """The tenant's decisions, in decision_id order (creation order), filtered. Without
+        input_json (GetDecision returns it); input_digest is set.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GateServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -208,6 +235,16 @@ def add_GateServicer_to_server(servicer, server):
                     servicer.GetDecision,
                     request_deserializer=effectledger_dot_v1_dot_gate__pb2.GetDecisionRequest.FromString,
                     response_serializer=effectledger_dot_v1_dot_gate__pb2.Decision.SerializeToString,
+            ),
+            'ListEffects': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEffects,
+                    request_deserializer=effectledger_dot_v1_dot_gate__pb2.ListEffectsRequest.FromString,
+                    response_serializer=effectledger_dot_v1_dot_gate__pb2.ListEffectsResponse.SerializeToString,
+            ),
+            'ListDecisions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDecisions,
+                    request_deserializer=effectledger_dot_v1_dot_gate__pb2.ListDecisionsRequest.FromString,
+                    response_serializer=effectledger_dot_v1_dot_gate__pb2.ListDecisionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -462,6 +499,60 @@ class Gate:
             '/effectledger.v1.Gate/GetDecision',
             effectledger_dot_v1_dot_gate__pb2.GetDecisionRequest.SerializeToString,
             effectledger_dot_v1_dot_gate__pb2.Decision.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEffects(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/effectledger.v1.Gate/ListEffects',
+            effectledger_dot_v1_dot_gate__pb2.ListEffectsRequest.SerializeToString,
+            effectledger_dot_v1_dot_gate__pb2.ListEffectsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDecisions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/effectledger.v1.Gate/ListDecisions',
+            effectledger_dot_v1_dot_gate__pb2.ListDecisionsRequest.SerializeToString,
+            effectledger_dot_v1_dot_gate__pb2.ListDecisionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -112,3 +112,27 @@ class ListRunEventsResponse(_message.Message):
     events: _containers.RepeatedCompositeFieldContainer[RunEvent]
     next_after_revision: int
     def __init__(self, events: _Optional[_Iterable[_Union[RunEvent, _Mapping]]] = ..., next_after_revision: _Optional[int] = ...) -> None: ...
+
+class ListRunsRequest(_message.Message):
+    __slots__ = ("label_key", "label_value", "created_after", "created_before", "page_size", "page_token")
+    LABEL_KEY_FIELD_NUMBER: _ClassVar[int]
+    LABEL_VALUE_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AFTER_FIELD_NUMBER: _ClassVar[int]
+    CREATED_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    label_key: str
+    label_value: str
+    created_after: _timestamp_pb2.Timestamp
+    created_before: _timestamp_pb2.Timestamp
+    page_size: int
+    page_token: str
+    def __init__(self, label_key: _Optional[str] = ..., label_value: _Optional[str] = ..., created_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListRunsResponse(_message.Message):
+    __slots__ = ("runs", "next_page_token")
+    RUNS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    runs: _containers.RepeatedCompositeFieldContainer[Run]
+    next_page_token: str
+    def __init__(self, runs: _Optional[_Iterable[_Union[Run, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

@@ -50,6 +50,11 @@ class RunsStub:
                 request_serializer=effectledger_dot_v1_dot_runs__pb2.ListRunEventsRequest.SerializeToString,
                 response_deserializer=effectledger_dot_v1_dot_runs__pb2.ListRunEventsResponse.FromString,
                 _registered_method=True)
+        self.ListRuns = channel.unary_unary(
+                '/effectledger.v1.Runs/ListRuns',
+                request_serializer=effectledger_dot_v1_dot_runs__pb2.ListRunsRequest.SerializeToString,
+                response_deserializer=effectledger_dot_v1_dot_runs__pb2.ListRunsResponse.FromString,
+                _registered_method=True)
 
 
 class RunsServicer:
@@ -76,6 +81,14 @@ class RunsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListRuns(self, request, context):
+        """The tenant's runs, in run_id order (ids begin with their creation time, so this is
+        creation order), filtered.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -93,6 +106,11 @@ def add_RunsServicer_to_server(servicer, server):
                     servicer.ListRunEvents,
                     request_deserializer=effectledger_dot_v1_dot_runs__pb2.ListRunEventsRequest.FromString,
                     response_serializer=effectledger_dot_v1_dot_runs__pb2.ListRunEventsResponse.SerializeToString,
+            ),
+            'ListRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRuns,
+                    request_deserializer=effectledger_dot_v1_dot_runs__pb2.ListRunsRequest.FromString,
+                    response_serializer=effectledger_dot_v1_dot_runs__pb2.ListRunsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -177,6 +195,33 @@ class Runs:
             '/effectledger.v1.Runs/ListRunEvents',
             effectledger_dot_v1_dot_runs__pb2.ListRunEventsRequest.SerializeToString,
             effectledger_dot_v1_dot_runs__pb2.ListRunEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/effectledger.v1.Runs/ListRuns',
+            effectledger_dot_v1_dot_runs__pb2.ListRunsRequest.SerializeToString,
+            effectledger_dot_v1_dot_runs__pb2.ListRunsResponse.FromString,
             options,
             channel_credentials,
             insecure,
