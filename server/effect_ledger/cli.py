@@ -12,7 +12,9 @@ import ipaddress
 import json
 import logging
 import os
+import signal
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -35,6 +37,21 @@ def _env(name: str, default: str = "") -> str:
     return os.environ.get(ENV_PREFIX + name.upper().replace("-", "_"), default)
 
 
+class BadEnvironmentValue(Exception):
+    """An ``EFFECT_LEDGER_`` variable whose value the flag it stands for cannot take."""
+
+
+def _env_number(name: str, kind: type[int] | type[float], default: str) -> int | float:
+    """The number in environment variable ``name``, or ``default`` when it is unset or empty."""
+    text = _env(name) or default
+    try:
+        return kind(text)
+    except ValueError:
+        variable = ENV_PREFIX + name.upper().replace("-", "_")
+        noun = "an integer" if kind is int else "a number"
+        raise BadEnvironmentValue(f"{variable}={text!r} is not {noun} (it sets --{name})") from None
+
+
 def _env_flag(name: str) -> bool:
     """A yes/no environment variable: 1, true, yes or on (any case) is yes; anything else no."""
     return _env(name).strip().lower() in ("1", "true", "yes", "on")
@@ -52,7 +69,7 @@ def _database_url(options: argparse.Namespace) -> str:
     return normalize_url(options.database_url or default_sqlite_url())
 
 
-def _migrate(url: str):
+def _migrate(url: str) -> None:
     from effect_ledger.storage.migrate import check_durable_commits, upgrade_to_head
 
     engine = create_sync(DatabaseSettings(url))
@@ -63,6 +80,24 @@ def _migrate(url: str):
         engine.dispose()
 
 
+def _schema_problem(url: str) -> str | None:
+    """``serve --no-migrate``: why the database is not ready to serve as it is; None when it is."""
+    from effect_ledger.storage.migrate import check_durable_commits, is_at_head
+
+    engine = create_sync(DatabaseSettings(url))
+    try:
+        check_durable_commits(engine)
+        at_head, current, head = is_at_head(engine)
+    finally:
+        engine.dispose()
+    if at_head:
+        return None
+    return (
+        f"--no-migrate: the database schema is at revision {current or 'none (empty database)'}, "
+        f"not the newest ({head}); run `effect-ledger migrate` first"
+    )
+
+
 # --- serve ---------------------------------------------------------------------------------
 
 
@@ -71,8 +106,18 @@ def _build_policy(options: argparse.Namespace):
     from effect_ledger.policy.engine import default_policy_dir
     from effect_ledger.policy.remote import RemoteOpaEngine
 
+    log = logging.getLogger(__name__)
     if options.opa_url:
-        return RemoteOpaEngine(options.opa_url, timeout_seconds=options.opa_timeout_seconds), None
+        remote = RemoteOpaEngine(options.opa_url, timeout_seconds=options.opa_timeout_seconds)
+
+        def refresh() -> None:
+            remote.reload()
+            log.info(
+                "SIGHUP: the policy lives in the OPA server, which loads it itself; nothing to "
+                "reload here (its revision is read again on the next decision)"
+            )
+
+        return remote, refresh
     policy_dir = Path(options.policy_dir) if options.policy_dir else default_policy_dir()
     engine = EmbeddedRegoEngine(policy_dir)
 
@@ -80,9 +125,27 @@ def _build_policy(options: argparse.Namespace):
         try:
             engine.reload()
         except Exception as error:  # noqa: BLE001 - keep serving the previous policy
-            logging.getLogger(__name__).error("policy reload failed, previous policy kept: %s", error)
+            log.error("policy reload failed, previous policy kept: %s", error)
 
     return engine, reload
+
+
+class _HangupWhileStarting:
+    """SIGHUP before the event loop handles it (migrating, loading the policy, binding): its
+    default action would end the process. Reloads the policy once one is loaded; before
+    that there is nothing to reload (the files are read as the server starts)."""
+
+    def __init__(self) -> None:
+        self.reload: Callable[[], None] | None = None
+
+    def install(self) -> None:
+        signal.signal(signal.SIGHUP, self)
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if self.reload is None:
+            logging.getLogger(__name__).info("SIGHUP while starting: the policy is loaded as the server starts")
+        else:
+            self.reload()
 
 
 def is_loopback_listen(listen: str) -> bool:
@@ -155,8 +218,10 @@ def _worker_command(options: argparse.Namespace):
 def command_serve(options: argparse.Namespace) -> int:
     from effect_ledger.storage.engine import Database, create_async
     from effect_ledger.transport import workers
-    from effect_ledger.transport.server import serve_forever
+    from effect_ledger.transport.server import CannotListen, serve_forever
 
+    hangup = _HangupWhileStarting()
+    hangup.install()  # first: a SIGHUP from here on never ends the process
     if not 0 <= options.workers <= workers.WORKERS_MAX:
         print(f"effect-ledger: --workers must be 0 to {workers.WORKERS_MAX}", file=sys.stderr)
         return 2
@@ -176,7 +241,12 @@ def command_serve(options: argparse.Namespace) -> int:
         )
     url = _database_url(options)
     if worker_index is None:
-        _migrate(url)  # once per start, here: workers never migrate
+        # Once per start, here: workers never migrate.
+        if not options.no_migrate:
+            _migrate(url)
+        elif problem := _schema_problem(url):
+            print(f"effect-ledger: {problem}", file=sys.stderr)
+            return 2
         worker_count = options.workers or workers.default_worker_count()
         if worker_count > 1:
             command = _worker_command(options)
@@ -216,6 +286,7 @@ def command_serve(options: argparse.Namespace) -> int:
         ),
     )
     policy, reload = _build_policy(options)
+    hangup.reload = reload
 
     async def main() -> None:
         database = Database(create_async(DatabaseSettings(url, pool_size=settings.database_pool_size)))
@@ -225,7 +296,11 @@ def command_serve(options: argparse.Namespace) -> int:
             channel_fd = options.worker_channel_fd
             await workers.serve_worker(settings, database, policy, reload, worker_index, channel_fd)
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    except CannotListen as error:
+        print(f"effect-ledger: {error}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -578,31 +653,72 @@ def command_policy_test(options: argparse.Namespace) -> int:
 # --- the parser ----------------------------------------------------------------------------
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each flag's default, unless its help already says what the default is or it has none
+    worth showing (an empty string, None, a switch that is off)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or action.default in ("", None, False) or action.default is argparse.SUPPRESS:
+            return text
+        return super()._get_help_string(action)
+
+
+def _document_environment(parser: argparse.ArgumentParser) -> None:
+    """Append its environment variable to the help of each of ``parser``'s flags."""
+    for action in parser._actions:
+        name = next((o for o in action.option_strings if o.startswith("--")), None)
+        if name is None or action.help is argparse.SUPPRESS or name in ("--help", "--version"):
+            continue
+        variable = ENV_PREFIX + name[2:].upper().replace("-", "_")
+        action.help = f"{action.help or ''} (env {variable})".lstrip()
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("effect-ledger")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        from effect_ledger import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="effect-ledger", description="The effect ledger and final gate.")
-    parser.add_argument("--log-level", default=_env("log-level", "INFO"))
+    parser.add_argument("--version", action="version", version=f"effect-ledger {_version()}")
+    parser.add_argument("--log-level", default=_env("log-level", "INFO"), help="DEBUG, INFO, WARNING or ERROR (env EFFECT_LEDGER_LOG_LEVEL)")
     commands = parser.add_subparsers(dest="command")
 
-    serve = commands.add_parser("serve", help="run the gRPC server (applies migrations first)")
+    serve = commands.add_parser(
+        "serve", help="run the gRPC server (applies migrations first)", formatter_class=_HelpFormatter,
+        description="Run the gRPC server. Every flag can also be set by the environment variable named after it.",
+    )
     _database_argument(serve)
-    serve.add_argument("--listen", default=_env("listen", "127.0.0.1:50051"))
+    serve.add_argument("--listen", default=_env("listen", "127.0.0.1:50051"), help="host:port to serve on")
+    serve.add_argument(
+        "--no-migrate", action="store_true", default=_env_flag("no-migrate"),
+        help="do not apply migrations at start: refuse to start (exit 2) unless the database is "
+        "already at the newest schema (run `effect-ledger migrate` as a separate job)",
+    )
     serve.add_argument("--policy-dir", default=_env("policy-dir"), help="Rego policy folder (default: packaged)")
     serve.add_argument("--opa-url", default=_env("opa-url"), help="evaluate with a real OPA server instead")
-    serve.add_argument("--opa-timeout-seconds", type=float, default=float(_env("opa-timeout-seconds", "0.5")))
-    serve.add_argument("--default-deadline-seconds", type=float, default=float(_env("default-deadline-seconds", "10")))
-    serve.add_argument("--maximum-concurrent-rpcs", type=int, default=int(_env("maximum-concurrent-rpcs", "256")))
-    serve.add_argument("--grace-seconds", type=float, default=float(_env("grace-seconds", "10")))
-    serve.add_argument("--lease-sweep-interval-seconds", type=float, default=float(_env("lease-sweep-interval-seconds", "1")))
+    serve.add_argument("--opa-timeout-seconds", type=float, default=_env_number("opa-timeout-seconds", float, "0.5"))
+    serve.add_argument("--default-deadline-seconds", type=float, default=_env_number("default-deadline-seconds", float, "10"))
+    serve.add_argument("--maximum-concurrent-rpcs", type=int, default=_env_number("maximum-concurrent-rpcs", int, "256"))
+    serve.add_argument("--grace-seconds", type=float, default=_env_number("grace-seconds", float, "10"))
+    serve.add_argument("--lease-sweep-interval-seconds", type=float, default=_env_number("lease-sweep-interval-seconds", float, "1"))
     serve.add_argument(
-        "--reconcile-grace-seconds", type=float, default=float(_env("reconcile-grace-seconds", "-1")),
+        "--reconcile-grace-seconds", type=float, default=_env_number("reconcile-grace-seconds", float, "-1"),
         help="how long after a lease ends only its owner may settle it not_happened (default: the lease length)",
     )
     serve.add_argument(
-        "--database-pool-size", type=int, default=int(_env("database-pool-size", "10")),
+        "--database-pool-size", type=int, default=_env_number("database-pool-size", int, "10"),
         help="database connections per server process: each of the --workers has a pool this size",
     )
     serve.add_argument(
-        "--workers", type=int, default=int(_env("workers", "0")),
+        "--workers", type=int, default=_env_number("workers", int, "0"),
         help="server processes sharing the listening port (SO_REUSEPORT), each with its own event loop "
         "and database pool, under one supervisor; 0 (the default): one per CPU this process may use "
         f"({default_worker_count()} here); 1: a single process and no supervisor",
@@ -611,8 +727,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     serve.add_argument("--worker-channel-fd", type=int, default=None, help=argparse.SUPPRESS)
     serve.add_argument("--port-file", default=_env("port-file"), help="write the bound port here")
-    serve.add_argument("--approval-ttl-seconds-default", type=int, default=int(_env("approval-ttl-seconds-default", "3600")))
-    serve.add_argument("--approval-ttl-seconds-max", type=int, default=int(_env("approval-ttl-seconds-max", "604800")))
+    serve.add_argument("--approval-ttl-seconds-default", type=int, default=_env_number("approval-ttl-seconds-default", int, "3600"))
+    serve.add_argument("--approval-ttl-seconds-max", type=int, default=_env_number("approval-ttl-seconds-max", int, "604800"))
     serve.add_argument("--checkpoint-signing-key", default=_env("checkpoint-signing-key"), help="Ed25519 private key (PEM) that signs exports")
     serve.add_argument("--checkpoint-verification-key", default=_env("checkpoint-verification-key"), help="Ed25519 public key (PEM); imports must be signed by its pair")
     serve.add_argument("--tls-cert", default=_env("tls-cert"), help="the server's certificate chain (PEM): serve TLS")
@@ -632,39 +748,40 @@ def build_parser() -> argparse.ArgumentParser:
     )
     limits.add_argument(
         "--requests-per-second-per-token", type=float,
-        default=float(_env("requests-per-second-per-token", str(defaults.requests_per_second_per_token))),
+        default=_env_number("requests-per-second-per-token", float, str(defaults.requests_per_second_per_token)),
         help="calls a second one bearer token may make (token bucket; 0: unlimited)",
     )
     limits.add_argument(
         "--request-burst-per-token", type=int,
-        default=int(_env("request-burst-per-token", str(defaults.request_burst_per_token))),
+        default=_env_number("request-burst-per-token", int, str(defaults.request_burst_per_token)),
         help="calls one token may make at once before the rate applies",
     )
     limits.add_argument(
         "--streams-per-principal-max", type=int,
-        default=int(_env("streams-per-principal-max", str(defaults.streams_per_principal_max))),
+        default=_env_number("streams-per-principal-max", int, str(defaults.streams_per_principal_max)),
         help="open streams (WatchApprovals, ExportCheckpoint, ImportCheckpoint) per principal",
     )
     limits.add_argument(
         "--stream-lifetime-max-seconds", type=float,
-        default=float(_env("stream-lifetime-max-seconds", str(defaults.stream_lifetime_max_seconds))),
+        default=_env_number("stream-lifetime-max-seconds", float, str(defaults.stream_lifetime_max_seconds)),
         help="the longest a stream lives (WatchApprovals then ends and the client resumes from its cursor)",
     )
     limits.add_argument(
         "--open-approval-requests-per-tenant-max", type=int,
-        default=int(_env("open-approval-requests-per-tenant-max", str(defaults.open_approval_requests_per_tenant_max))),
+        default=_env_number("open-approval-requests-per-tenant-max", int, str(defaults.open_approval_requests_per_tenant_max)),
         help="a tenant's pending approval requests at once",
     )
     limits.add_argument(
         "--artifacts-per-tenant-max", type=int,
-        default=int(_env("artifacts-per-tenant-max", str(defaults.artifacts_per_tenant_max))),
+        default=_env_number("artifacts-per-tenant-max", int, str(defaults.artifacts_per_tenant_max)),
         help="a tenant's stored artifacts (deleted ones not counted)",
     )
     limits.add_argument(
         "--snapshots-per-tenant-max", type=int,
-        default=int(_env("snapshots-per-tenant-max", str(defaults.snapshots_per_tenant_max))),
+        default=_env_number("snapshots-per-tenant-max", int, str(defaults.snapshots_per_tenant_max)),
         help="a tenant's recorded snapshots",
     )
+    _document_environment(serve)
     serve.set_defaults(handler=command_serve)
 
     migrate = commands.add_parser("migrate", help="apply database migrations")
@@ -748,7 +865,11 @@ def _log_format(label: str = "") -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    try:
+        parser = build_parser()
+    except BadEnvironmentValue as error:
+        print(f"effect-ledger: {error}", file=sys.stderr)
+        return 2
     command_line = list(sys.argv[1:] if argv is None else argv)
     options = parser.parse_args(command_line)
     logging.basicConfig(

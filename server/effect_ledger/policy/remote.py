@@ -97,6 +97,12 @@ class RemoteOpaEngine:
             self._revision_at = time.monotonic()
         return self._revision
 
+    def reload(self) -> None:
+        """SIGHUP: the policy itself lives in the OPA server (which loads its own bundles), so
+        nothing is loaded here; the cached revision is dropped and read again from OPA on the
+        next decision."""
+        self._revision = None
+
     async def evaluate(
         self, policy_input: dict[str, Any], input_json: bytes | None = None, package: str = DECISION_PACKAGE
     ) -> PolicyDecision:

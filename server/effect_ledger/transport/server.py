@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import logging
 import signal
+import socket
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -206,12 +208,7 @@ async def start_server(
     reflection.enable_server_reflection(
         (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    if credentials is None:
-        port = server.add_insecure_port(settings.listen)
-    else:
-        port = server.add_secure_port(settings.listen, credentials)
-    if port == 0:
-        raise SystemExit(f"cannot listen on {settings.listen}")
+    port = _bind(server, settings.listen, credentials, reuse_port)
     await server.start()
     running = RunningServer(server, port, database, policy, health_servicer)
     running.tasks.append(asyncio.create_task(approvals_servicer.feed.run()))  # wakes WatchApprovals streams
@@ -232,6 +229,52 @@ async def start_server(
     if settings.port_file:
         Path(settings.port_file).write_text(f"{port}\n")
     return running
+
+
+class CannotListen(Exception):
+    """The listening address cannot be bound: in use, not an address of this host, or malformed."""
+
+
+def _bind(server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredentials | None, reuse_port: bool) -> int:
+    """Add the listening port; its number. A port in use is found here first, with a socket of
+    our own, so the operator reads one line that says so rather than gRPC's generic failure."""
+    if not reuse_port:
+        _check_port_free(listen)
+    try:
+        if credentials is None:
+            port = server.add_insecure_port(listen)
+        else:
+            port = server.add_secure_port(listen, credentials)
+    except RuntimeError as error:  # gRPC's "Failed to bind to address ..."
+        raise CannotListen(f"cannot listen on {listen}: {error}") from None
+    if port == 0:  # older gRPC releases report a failed bind this way
+        raise CannotListen(f"cannot listen on {listen}")
+    return port
+
+
+def _check_port_free(listen: str) -> None:
+    """CannotListen when something on this host already listens on ``listen``'s port."""
+    host, _, port_text = listen.rpartition(":")
+    host = host.strip("[]")
+    if not port_text.isdigit() or int(port_text) == 0 or not host:
+        return  # gRPC decides: port 0 is always free, other forms are its to parse
+    try:
+        addresses = socket.getaddrinfo(host, int(port_text), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError:
+        return  # an unresolvable name: gRPC's bind reports it
+    for family, kind, protocol, _, address in addresses:
+        with socket.socket(family, kind, protocol) as probe:
+            # As gRPC binds: a port whose last connections linger in TIME_WAIT is free.
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as error:
+                if error.errno == errno.EADDRINUSE:
+                    raise CannotListen(
+                        f"cannot listen on {listen}: the port is already in use (another effect-ledger, "
+                        "or another program; give a free --listen port)"
+                    ) from None
+                return  # another reason (an address not of this host, ...): gRPC's bind reports it
 
 
 async def serve_forever(settings: ServerSettings, database: Database, policy: PolicyEngine, reload_policy=None) -> None:
