@@ -8,7 +8,6 @@ the existing ``(tenant_id, run_id, ...)`` and ``(tenant_id, tool, ...)`` indexes
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -18,7 +17,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from effect_ledger.domain.canonical import canonical_bytes
-from effect_ledger.domain.model import Decision, Effect, Outcome, Reason, Run
+from effect_ledger.domain.model import Decision, Effect, Run
 from effect_ledger.storage import repository as repo
 from effect_ledger.storage.schema import decisions, effects, runs
 
@@ -91,23 +90,7 @@ _LISTED_DECISION_COLUMNS = [c for c in decisions.c if c.name != "input_json"]
 
 
 def _listed_decision(row: Row[Any]) -> Decision:
-    return Decision(
-        decision_id=row.decision_id,
-        run_id=row.run_id,
-        effect_id=row.effect_id,
-        attempt_id=row.attempt_id,
-        outcome=Outcome(row.outcome),
-        reasons=tuple(Reason(r["code"], r["message"]) for r in json.loads(row.reasons)),
-        policy_revision=row.policy_revision,
-        engine=row.engine,
-        input_digest=row.input_digest,
-        input_json=b"",
-        intent_digest=row.intent_digest,
-        idempotency_key=row.idempotency_key,
-        principal_id=row.principal_id,
-        tool=row.tool,
-        created_at=row.created_at,
-    )
+    return repo.decision_of(row, b"")
 
 
 async def decisions_page(

@@ -722,6 +722,11 @@ async def get_decision(connection: AsyncConnection, tenant_id: str, decision_id:
     ).first()
     if row is None:
         return None
+    return decision_of(row, bytes(row.input_json))
+
+
+def decision_of(row: Row[Any], input_json: bytes) -> Decision:
+    """A decision row as the model; ``input_json`` given apart (a listing leaves it out)."""
     return Decision(
         decision_id=row.decision_id,
         run_id=row.run_id,
@@ -732,7 +737,7 @@ async def get_decision(connection: AsyncConnection, tenant_id: str, decision_id:
         policy_revision=row.policy_revision,
         engine=row.engine,
         input_digest=row.input_digest,
-        input_json=bytes(row.input_json),
+        input_json=input_json,
         intent_digest=row.intent_digest,
         idempotency_key=row.idempotency_key,
         principal_id=row.principal_id,
