@@ -39,9 +39,6 @@ a body stopped after its dispatch is an UNKNOWN effect.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
-import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -63,13 +60,16 @@ from effect_ledger_client import (
     Ledger,
     ReconcileRequired,
 )
+from effect_ledger_client.adapters._common import (
+    identifier,
+    output_detail,
+    replayed_output,
+)
 from effect_ledger_client.proto import approvals_pb2, runs_pb2
 
 # The ledger's identifiers (run request ids, idempotency keys): printable ASCII, no spaces.
-IDENTIFIER = re.compile(r"[\x21-\x7e]{1,256}")
 # Tool output kept in the receipt; larger output is kept as its digest (the ledger's limit on
 # receipt detail is 64 KiB, and the JSON wrapping needs some of it).
-OUTPUT_KEPT_BYTES_MAX = 60 * 1024
 # How many times one tool call interrupts for an approval that is still pending before it gives
 # up with an error message (each resume of a still-pending request costs one).
 APPROVAL_INTERRUPTS_MAX = 16
@@ -103,13 +103,6 @@ class StillPending(ApprovalTimeout):
         super().__init__(approval_id, 0.0)
 
 
-def identifier(value: str) -> str:
-    """``value`` when the ledger accepts it as an identifier, else ``sha256-<hex>`` of it."""
-    if IDENTIFIER.fullmatch(value):
-        return value
-    return "sha256-" + hashlib.sha256(value.encode()).hexdigest()
-
-
 def default_key(call: ToolCallInfo) -> str:
     if not call.tool_call_id:
         raise ValueError(
@@ -133,26 +126,6 @@ def refusal_text(tool: str, error: GuardError) -> str:
     if isinstance(error, ApprovalTimeout):
         return f"effect-ledger: {tool} was not run: approval {error.approval_id} is still pending"
     return f"effect-ledger: {tool} was not run: {error}"
-
-
-def output_detail(content: Any) -> dict[str, Any]:
-    """The receipt detail for a tool's output: the output itself when it fits, else its digest."""
-    try:
-        encoded = json.dumps({"output": content}, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError):
-        content = str(content)
-        encoded = json.dumps({"output": content}, ensure_ascii=False)
-    size = len(encoded.encode())
-    if size <= OUTPUT_KEPT_BYTES_MAX:
-        return {"output": content}
-    return {"output_sha256": hashlib.sha256(encoded.encode()).hexdigest(), "output_bytes": size}
-
-
-def replayed_output(receipt) -> Any:
-    detail = receipt.detail or {}
-    if "output" in detail:
-        return detail["output"]
-    return f"effect-ledger: already done (receipt {receipt.reference}); the output was too large to keep"
 
 
 def schema_fields(tool: BaseTool) -> set[str] | None:

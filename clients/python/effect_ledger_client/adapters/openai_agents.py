@@ -47,10 +47,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import hashlib
 import inspect
 import json
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -71,10 +69,13 @@ from effect_ledger_client import (
     Ledger,
     ReconcileRequired,
 )
+from effect_ledger_client.adapters._common import (
+    identifier,
+    output_detail,
+    replayed_output,
+)
 from effect_ledger_client.proto import common_pb2, gate_pb2
 
-IDENTIFIER = re.compile(r"[\x21-\x7e]{1,256}")  # the ledger's identifiers: printable ASCII, no spaces
-OUTPUT_KEPT_BYTES_MAX = 60 * 1024  # receipt detail is at most 64 KiB; larger output keeps its digest
 RUN_ID_ATTRIBUTE = "ledger_run_id"
 # Interruptions whose ledger request is remembered; the oldest are forgotten beyond this.
 PENDING_APPROVALS_MAX = 10_000
@@ -88,13 +89,6 @@ class ToolCallInfo:
     tool_call_id: str
     tool: str
     arguments: dict[str, Any]
-
-
-def identifier(value: str) -> str:
-    """``value`` when the ledger accepts it as an identifier, else ``sha256-<hex>`` of it."""
-    if IDENTIFIER.fullmatch(value):
-        return value
-    return "sha256-" + hashlib.sha256(value.encode()).hexdigest()
 
 
 def default_key(call: ToolCallInfo) -> str:
@@ -119,26 +113,6 @@ def refusal_text(tool: str, error: GuardError) -> str:
             "pending; a reviewer must decide it before the call can run"
         )
     return f"effect-ledger: {tool} was not run: {error}"
-
-
-def output_detail(output: Any) -> dict[str, Any]:
-    """The receipt detail for a tool's output: the output itself when it fits, else its digest."""
-    try:
-        encoded = json.dumps({"output": output}, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError):
-        output = str(output)
-        encoded = json.dumps({"output": output}, ensure_ascii=False)
-    size = len(encoded.encode())
-    if size <= OUTPUT_KEPT_BYTES_MAX:
-        return {"output": output}
-    return {"output_sha256": hashlib.sha256(encoded.encode()).hexdigest(), "output_bytes": size}
-
-
-def replayed_output(receipt) -> Any:
-    detail = receipt.detail or {}
-    if "output" in detail:
-        return detail["output"]
-    return f"effect-ledger: already done (receipt {receipt.reference}); the output was too large to keep"
 
 
 def run_id_from_context(context: Any) -> str:
