@@ -420,7 +420,7 @@ def principal_tokens(
     async def work(unit):  # type: ignore[no-untyped-def]
         if action == "list":
             return await store.listed(unit.connection, tenant, "", 100_000), ""
-        record = await store.locked(unit.connection, tenant, principal_id)
+        record = await store.get(unit.connection, tenant, principal_id, lock=True)
         if record is None:
             raise SystemExit(f"no principal {principal_id!r} in tenant {tenant!r}")
         token = ""
@@ -441,7 +441,7 @@ def principal_tokens(
                 unit.now + timedelta(seconds=expires_in_seconds) if expires_in_seconds is not None else unit.now
             )
             await store.change(unit.connection, tenant, principal_id, token_expires_at=when)
-        return [await store.locked(unit.connection, tenant, principal_id)], token
+        return [await store.get(unit.connection, tenant, principal_id)], token
 
     async def main():  # type: ignore[no-untyped-def]
         database = Database(create_async(DatabaseSettings(url)))

@@ -44,7 +44,7 @@ async def _target(unit: UnitOfWork, caller: Principal, principal_id: str) -> Pri
     if not principal_id:
         raise InvalidArgument.field("principal_id", "is required", reason="FIELD_REQUIRED")
     check_identifier(principal_id, "principal_id")
-    record = await store.locked(unit.connection, caller.tenant_id, principal_id)
+    record = await store.get(unit.connection, caller.tenant_id, principal_id, lock=True)
     if record is None:
         raise NotFound("principal", principal_id)
     return record
@@ -59,7 +59,7 @@ def _audit(action: str, caller: Principal, record: PrincipalRecord) -> None:
 async def list_principals(unit: UnitOfWork, caller: Principal, after_id: str, limit: int) -> list[PrincipalRecord]:
     if _is_admin(caller):
         return await store.listed(unit.connection, caller.tenant_id, after_id, limit)
-    own = await store.locked(unit.connection, caller.tenant_id, caller.principal_id)
+    own = await store.get(unit.connection, caller.tenant_id, caller.principal_id)
     return [own] if own is not None and own.principal_id > after_id else []
 
 

@@ -61,10 +61,12 @@ async def listed(connection: AsyncConnection, tenant_id: str, after_id: str, lim
     return [_record(row) for row in (await connection.execute(query)).all()]
 
 
-async def locked(connection: AsyncConnection, tenant_id: str, principal_id: str) -> PrincipalRecord | None:
-    """The principal's row, locked until commit (PostgreSQL), or None."""
+async def get(
+    connection: AsyncConnection, tenant_id: str, principal_id: str, *, lock: bool = False
+) -> PrincipalRecord | None:
+    """The principal's row (``lock``: locked until commit, on PostgreSQL), or None."""
     query = select(*_COLUMNS).where(principals.c.tenant_id == tenant_id, principals.c.principal_id == principal_id)
-    if connection.dialect.name == "postgresql":
+    if lock and connection.dialect.name == "postgresql":
         query = query.with_for_update()
     row = (await connection.execute(query)).first()
     return _record(row) if row is not None else None
