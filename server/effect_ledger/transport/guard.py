@@ -267,31 +267,38 @@ class Guard(grpc.aio.ServerInterceptor):
 
     # --- the three kinds of calls ---------------------------------------------------------
 
+    @contextlib.asynccontextmanager
+    async def _answering(self, context, token: str | None, state: CallState, name: str):
+        """Every failure of the call becomes its status: a domain error through the table,
+        anything else INTERNAL (logged); cancellations and aborts pass through."""
+        try:
+            yield
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as error:  # noqa: BLE001 - mapped by _refusal
+            await context.abort_with_status(await self._refusal(error, token, state, name, context))
+
+    @staticmethod
+    async def _within(awaitable, seconds: float | None, what: str):
+        """``awaitable``'s result, or DEADLINE_EXCEEDED after ``seconds`` (None: the caller's
+        own deadline, which gRPC enforces)."""
+        if seconds is None:
+            return await awaitable
+        try:
+            return await asyncio.wait_for(awaitable, seconds)
+        except TimeoutError:
+            raise DeadlineExceeded(f"{what} did not finish within {seconds} s") from None
+
     def _unary(self, inner, name: str, token: str | None):
         async def guarded(request, context):
-            faults.current_method.set(name)
-            state = CallState()
-            _current.set(state)
-            try:
+            state = _begin(name)
+            async with self._answering(context, token, state, name):
                 if token is None:
                     raise missing_token()
                 with self._admitted(token):
-                    seconds = self._deadline(context)
-                    if seconds is None:
-                        response = await inner(request, context)  # gRPC enforces the caller's deadline
-                    else:
-                        try:
-                            response = await asyncio.wait_for(inner(request, context), seconds)
-                        except TimeoutError:
-                            raise DeadlineExceeded(f"no answer within the default {seconds} s") from None
+                    response = await self._within(inner(request, context), self._deadline(context), name)
                 faults.crash_point("after_commit")
                 return response
-            except asyncio.CancelledError:
-                raise
-            except grpc.aio.AbortError:
-                raise
-            except Exception as error:  # noqa: BLE001 - mapped by _refusal
-                await context.abort_with_status(await self._refusal(error, token, state, name, context))
 
         return guarded
 
@@ -301,49 +308,38 @@ class Guard(grpc.aio.ServerInterceptor):
         lifetime = self.limits.stream_lifetime_max_seconds
 
         async def guarded(request, context):
-            faults.current_method.set(name)
-            state = CallState()
-            _current.set(state)
+            state = _begin(name)
             responses: AsyncIterator[Any] | None = None
-            try:
-                with self._admitted(token):
-                    principal = await self._stream_principal(token, context)
-                    with self._stream_slot(principal):
-                        seconds = self._deadline(context, None if resumable else lifetime)
-                        ends_at = asyncio.get_running_loop().time() + (lifetime if resumable else (seconds or 0))
-                        limited = resumable or seconds is not None
-                        responses = inner(request, context).__aiter__()
-                        while True:
-                            if limited:
-                                left = ends_at - asyncio.get_running_loop().time()
-                                if left <= 0:
+            async with self._answering(context, token, state, name):
+                try:
+                    with self._admitted(token):
+                        principal = await self._stream_principal(token, context)
+                        with self._stream_slot(principal):
+                            seconds = lifetime if resumable else self._deadline(context, lifetime)
+                            loop = asyncio.get_running_loop()
+                            ends_at = None if seconds is None else loop.time() + seconds
+                            responses = inner(request, context).__aiter__()
+                            while True:
+                                left = None if ends_at is None else ends_at - loop.time()
+                                if left is not None and left <= 0:
                                     raise TimeoutError
                                 try:
-                                    response = await asyncio.wait_for(responses.__anext__(), left)
+                                    next_response = responses.__anext__()
+                                    if left is None:
+                                        response = await next_response
+                                    else:
+                                        response = await asyncio.wait_for(next_response, left)
                                 except StopAsyncIteration:
                                     return
-                            else:
-                                try:
-                                    response = await responses.__anext__()
-                                except StopAsyncIteration:
-                                    return
-                            yield response
-            except TimeoutError:
-                if resumable:
-                    return  # the stream's lifetime: the client resumes from its last sequence
-                await context.abort_with_status(
-                    status.to_status(DeadlineExceeded(f"{name} did not finish within its deadline"))
-                )
-            except asyncio.CancelledError:
-                raise
-            except grpc.aio.AbortError:
-                raise
-            except Exception as error:  # noqa: BLE001 - mapped by _refusal
-                await context.abort_with_status(await self._refusal(error, token, state, name, context))
-            finally:
-                if responses is not None:
-                    with contextlib.suppress(Exception):
-                        await responses.aclose()  # type: ignore[attr-defined]
+                                yield response
+                except TimeoutError:
+                    if resumable:
+                        return  # the stream's lifetime: the client resumes from its last sequence
+                    raise DeadlineExceeded(f"{name} did not finish within its deadline") from None
+                finally:
+                    if responses is not None:
+                        with contextlib.suppress(Exception):
+                            await responses.aclose()  # type: ignore[attr-defined]
 
         return guarded
 
@@ -351,29 +347,24 @@ class Guard(grpc.aio.ServerInterceptor):
         lifetime = self.limits.stream_lifetime_max_seconds
 
         async def guarded(request_iterator, context):
-            faults.current_method.set(name)
-            state = CallState()
-            _current.set(state)
-            try:
+            state = _begin(name)
+            async with self._answering(context, token, state, name):
                 with self._admitted(token):
                     # Before a single request message is read.
                     principal = await self._stream_principal(token, context)
                     with self._stream_slot(principal):
                         seconds = self._deadline(context, lifetime)
-                        if seconds is None:
-                            return await inner(request_iterator, context)
-                        try:
-                            return await asyncio.wait_for(inner(request_iterator, context), seconds)
-                        except TimeoutError:
-                            raise DeadlineExceeded(f"{name} did not finish within {seconds} s") from None
-            except asyncio.CancelledError:
-                raise
-            except grpc.aio.AbortError:
-                raise
-            except Exception as error:  # noqa: BLE001 - mapped by _refusal
-                await context.abort_with_status(await self._refusal(error, token, state, name, context))
+                        return await self._within(inner(request_iterator, context), seconds, name)
 
         return guarded
+
+
+def _begin(name: str) -> CallState:
+    """A new call: its method name for the fault points, and its state, in this task's context."""
+    faults.current_method.set(name)
+    state = CallState()
+    _current.set(state)
+    return state
 
 
 def _refusing_stream_stream(handler):
