@@ -1,12 +1,13 @@
-"""Tenant-wide reads (ListEffects, ListRuns, ListDecisions) against the real server, on both
-backends: filters, complete and stable pages, tenant isolation, refused filters."""
+"""Tenant-wide reads (ListEffects, ListRuns, ListDecisions, ListBudgets) against the real
+server, on both backends: filters, complete and stable pages, tenant isolation, refused
+filters."""
 
 from __future__ import annotations
 
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from effectledger.v1 import common_pb2, gate_pb2, runs_pb2
+from effectledger.v1 import budgets_pb2, common_pb2, gate_pb2, runs_pb2
 from support import (
     authorize_request,
     contract,
@@ -128,6 +129,55 @@ def test_list_decisions_filters_pages_and_leaves_out_the_input(agent, ledger):
     assert ids(reason="%") == set()
     assert ids(outcome=common_pb2.ALLOW, run_id=ledger["run_a"]) == {r.decision_id for r in a}
     assert ids(tool="crm.update") == {r.decision_id for r in ledger["b"]}
+
+
+def test_list_budgets_pages_filters_and_tenant(agent, admin, tenant, ledger, server, database_url):
+    run_a, run_b = ledger["run_a"], ledger["run_b"]
+    auditor = tenant.client(server, "auditor")
+
+    def put(scope, scope_id: str, dimension: str, limit: int) -> str:
+        request = budgets_pb2.PutBudgetRequest(scope=scope, scope_id=scope_id, dimension=dimension, limit=limit)
+        return admin.budgets.PutBudget(request).budget_id
+
+    tenant_calls = put(budgets_pb2.TENANT, "", "tool_calls", 1000)
+    run_a_usd = put(budgets_pb2.RUN, run_a, "usd_micros", 5)
+    run_b_usd = put(budgets_pb2.RUN, run_b, "usd_micros", 1_000_000)
+    tree_b = put(budgets_pb2.RUN_TREE, run_b, "tool_calls", 10)
+    # Exhaust run A's: a fact posts even past the limit.
+    agent.budgets.RecordUsage(budgets_pb2.RecordUsageRequest(
+        run_id=run_a, provider="p", model="m", segment="s", usage={"usd_micros": 7}, request_id="u-1",
+    ))
+    other = new_tenant(database_url)
+    other_admin = other.client(server, "admin")
+    other_admin.budgets.PutBudget(budgets_pb2.PutBudgetRequest(scope=budgets_pb2.TENANT, dimension="tool_calls", limit=1))
+    other_admin.close()
+
+    mine = {tenant_calls, run_a_usd, run_b_usd, tree_b}
+    for page_size in (1, 3, 500):
+        found = [b.budget_id for b in _all_pages(auditor.budgets.ListBudgets, budgets_pb2.ListBudgetsRequest, "budgets", page_size)]
+        assert len(found) == len(set(found)) and found == sorted(found)
+        assert set(found) == mine, "every budget of the tenant, none of another"
+    auditor.close()
+
+    def ids(**filters) -> set[str]:
+        return {b.budget_id for b in agent.budgets.ListBudgets(budgets_pb2.ListBudgetsRequest(**filters)).budgets}
+
+    assert ids(scope=budgets_pb2.RUN) == {run_a_usd, run_b_usd}
+    assert ids(scope_id=run_b) == {run_b_usd, tree_b}
+    assert ids(scope=budgets_pb2.RUN_TREE, scope_id=run_b) == {tree_b}
+    assert ids(dimension="usd_micros") == {run_a_usd, run_b_usd}
+    assert ids(exhausted_only=True) == {run_a_usd}
+    exhausted = agent.budgets.ListBudgets(budgets_pb2.ListBudgetsRequest(exhausted_only=True)).budgets[0]
+    assert (exhausted.limit, exhausted.posted, exhausted.available, exhausted.exhausted) == (5, 7, 0, True)
+    for bad, reason, field in (
+        (budgets_pb2.ListBudgetsRequest(scope=9), "INVALID_ENUM", "scope"),
+        (budgets_pb2.ListBudgetsRequest(scope=budgets_pb2.TENANT, scope_id=run_a), None, "scope_id"),
+        (budgets_pb2.ListBudgetsRequest(dimension="Not-A-Dimension"), "INVALID_DIMENSION", "dimension"),
+        (budgets_pb2.ListBudgetsRequest(page_size=501), "INVALID_PAGE_SIZE", "page_size"),
+    ):
+        with raises_error("INVALID_ARGUMENT", reason):
+            agent.budgets.ListBudgets(bad)
+        assert raises_error.last.violations[0].field == field
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Tenant-wide reads: ListEffects, ListRuns, ListDecisions.
+"""Tenant-wide reads: ListEffects, ListRuns, ListDecisions, ListBudgets.
 
 Each is a keyset page in id order (creation order: ids begin with their creation time). A
 filter the database cannot judge exactly (an effect's stage after a lease ran out, a label
@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Generic, TypeVar
 
+from effect_ledger.domain import budgets as budget_rules
+from effect_ledger.domain.budgets import Budget, Scope
 from effect_ledger.domain.contracts import (
     TARGET_LENGTH_MAX,
     check_identifier,
@@ -22,6 +24,7 @@ from effect_ledger.domain.contracts import (
 from effect_ledger.domain.model import Decision, Effect, Outcome, Principal, Run, Stage
 from effect_ledger.errors import InvalidArgument
 from effect_ledger.service.leases import record_expiries
+from effect_ledger.storage import budget_store
 from effect_ledger.storage import query_store as store
 from effect_ledger.storage.engine import UnitOfWork
 
@@ -174,3 +177,36 @@ async def list_decisions(
         return page, page[-1].decision_id if page else cursor, len(page) < limit
 
     return await _collect(fetch, lambda decision: decision.decision_id, after_id, limit)
+
+
+async def list_budgets(
+    unit: UnitOfWork,
+    principal: Principal,
+    *,
+    scope: Scope | None,
+    scope_id: str,
+    dimension: str,
+    exhausted_only: bool,
+    after_id: str,
+    limit: int,
+) -> Page[Budget]:
+    """The tenant's budgets as GetBudget shows them (in their current period); "exhausted" is
+    judged after a period rolls over, so it is applied after the read."""
+    if scope == Scope.TENANT and scope_id:
+        raise InvalidArgument.field("scope_id", "must be empty for the TENANT scope")
+    if scope_id:
+        check_identifier(scope_id, "scope_id")
+    if dimension:
+        budget_rules.check_dimension(dimension, "dimension")
+
+    async def fetch(cursor: str) -> Batch[Budget]:
+        page = await budget_store.budgets_page(
+            unit.connection, principal.tenant_id, scope=scope, scope_id=scope_id, dimension=dimension,
+            after_id=cursor, limit=limit, now=unit.now,
+        )
+        if not page:
+            return [], cursor, True
+        kept = [b for b in page if b.exhausted] if exhausted_only else page
+        return kept, page[-1].budget_id, len(page) < limit
+
+    return await _collect(fetch, lambda budget: budget.budget_id, after_id, limit)

@@ -229,6 +229,40 @@ async def budgets_of_scope(connection: AsyncConnection, tenant_id: str, scope: S
     return [_budget(row) for row in rows]
 
 
+async def budgets_page(
+    connection: AsyncConnection,
+    tenant_id: str,
+    *,
+    scope: Scope | None,
+    scope_id: str,
+    dimension: str,
+    after_id: str,
+    limit: int,
+    now: datetime,
+) -> list[Budget]:
+    """One page of the tenant's budgets in budget_id order, each in its current period."""
+    where = [budgets.c.tenant_id == tenant_id, budgets.c.budget_id > after_id]
+    if scope is not None:
+        where.append(budgets.c.scope == scope.value)
+    if scope_id:
+        where.append(budgets.c.scope_id == scope_id)
+    if dimension:
+        where.append(budgets.c.dimension == dimension)
+    query = select(budgets).where(*where).order_by(budgets.c.budget_id).limit(limit)
+    rows = (await connection.execute(query)).all()
+    if any(row.period_ends_at is not None and row.period_ends_at <= now for row in rows):
+        ids = [row.budget_id for row in rows]
+        await roll_over_periods(connection, and_(budgets.c.tenant_id == tenant_id, budgets.c.budget_id.in_(ids)), now)
+        rows = (
+            await connection.execute(
+                select(budgets)
+                .where(budgets.c.tenant_id == tenant_id, budgets.c.budget_id.in_(ids))
+                .order_by(budgets.c.budget_id)
+            )
+        ).all()
+    return [_budget(row) for row in rows]
+
+
 async def open_reservations(connection: AsyncConnection, tenant_id: str, budget_ids: list[str], limit: int) -> list[Reservation]:
     if not budget_ids:
         return []

@@ -27,6 +27,7 @@ from effect_ledger.domain.schemas import SCHEMA_SIZE_MAX_BYTES
 from effect_ledger.errors import InvalidArgument
 from effect_ledger.service.attempts import AttemptResult
 from effect_ledger.service.authorize import AuthorizeResult
+from effect_ledger.service.replay import Replay
 from effectledger.v1 import common_pb2, gate_pb2, runs_pb2, tools_pb2
 
 
@@ -265,6 +266,21 @@ def decision_to_proto(decision: Decision) -> gate_pb2.Decision:
     )
 
 
+def replay_to_proto(found: Replay) -> gate_pb2.ReplayDecisionResponse:
+    return gate_pb2.ReplayDecisionResponse(
+        recorded=decision_to_proto(found.recorded),
+        outcome=common_pb2.Outcome.Value(found.answer.outcome.value),
+        reasons=[reason_to_proto(r) for r in found.answer.reasons],
+        policy_revision=found.answer.revision,
+        engine=found.answer.engine,
+        package=found.package,
+        outcome_changed=found.outcome_changed,
+        policy_changed=found.policy_changed,
+        reasons_added=found.reasons_added,
+        reasons_removed=found.reasons_removed,
+    )
+
+
 # --- approvals and budgets -----------------------------------------------------------------
 
 from effect_ledger.domain.approvals import Approval, ApprovalState  # noqa: E402
@@ -308,6 +324,11 @@ def approval_state_filter(value: int) -> str:
 
 def scope_from_proto(value: int) -> Scope:
     return enum_value(budgets_pb2.BudgetScope, value, "scope", Scope)
+
+
+def scope_filter(value: int) -> Scope | None:
+    """A BudgetScope filter; BUDGET_SCOPE_UNSPECIFIED means every scope."""
+    return enum_value(budgets_pb2.BudgetScope, value, "scope", Scope, required=False)
 
 
 def budget_to_proto(budget: Budget) -> budgets_pb2.Budget:

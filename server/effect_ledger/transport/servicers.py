@@ -15,7 +15,7 @@ from effect_ledger.domain.lifecycle import Report, ReportKind
 from effect_ledger.domain.model import RECONCILING_ROLES, Principal, Role
 from effect_ledger.domain.tokens import check_certificate_binding, token_hash
 from effect_ledger.errors import InvalidArgument, PermissionDenied, Unauthenticated
-from effect_ledger.service import authorize_fast, queries, reports_fast, runs, tools
+from effect_ledger.service import authorize_fast, queries, replay, reports_fast, runs, tools
 from effect_ledger.service.attempts import parse_lookup, parse_receipt
 from effect_ledger.service.authorize import AuthorizeRequest, validate_authorize
 from effect_ledger.service.gate import Gate
@@ -40,6 +40,8 @@ AGENTS_AND_ADMINS = frozenset({Role.AGENT, Role.ADMIN})
 # (gate_rules.foreign_attempts): agents act on their own, reconciling roles on any.
 ATTEMPT_ACTORS = frozenset({Role.AGENT}) | RECONCILING_ROLES
 ADMINS = frozenset({Role.ADMIN})
+# Everyone who reviews or answers for decisions; not agents (a replay costs a policy evaluation).
+DECISION_REVIEWERS = frozenset({Role.REVIEWER, Role.ADMIN, Role.AUDITOR, Role.OPERATOR})
 
 
 def bearer_token(context: grpc.aio.ServicerContext) -> str:
@@ -394,6 +396,14 @@ class GateServicer(gate_pb2_grpc.GateServicer):
             context, EVERY_ROLE, lambda unit, principal: self.gate.get_decision(unit, principal, request.decision_id)
         )
         return mapping.decision_to_proto(decision)
+
+    async def ReplayDecision(self, request, context):
+        found = await self.app.call(
+            context,
+            DECISION_REVIEWERS,
+            lambda unit, principal: replay.replay_decision(unit, principal, self.gate, self.gate.policy, request.decision_id),
+        )
+        return mapping.replay_to_proto(found)
 
     async def ListEffects(self, request, context):
         limits = self.app.limits

@@ -11,7 +11,7 @@ from effect_ledger.domain.approvals import DECIDING_ROLES
 from effect_ledger.domain.budgets import Scope
 from effect_ledger.domain.model import Role
 from effect_ledger.errors import InvalidArgument, LedgerError
-from effect_ledger.service import approvals, budgets
+from effect_ledger.service import approvals, budgets, queries
 from effect_ledger.service.approvals import ApprovalRequest, ApprovalSettings
 from effect_ledger.storage.notifications import FeedWakeups
 from effect_ledger.transport import mapping, status
@@ -207,6 +207,25 @@ class BudgetsServicer(budgets_pb2_grpc.BudgetsServicer):
             )
 
         return await self.app.call(context, AGENTS_AND_ADMINS, work)
+
+
+    async def ListBudgets(self, request, context):
+        limits = self.app.limits
+        size = self.app.page_size(request.page_size, limits.page_size_default, limits.page_size_max)
+        after = decode_token(request.page_token)
+        scope = mapping.scope_filter(request.scope)
+        page = await self.app.call(
+            context,
+            EVERY_ROLE,
+            lambda unit, principal: queries.list_budgets(
+                unit, principal, scope=scope, scope_id=request.scope_id, dimension=request.dimension,
+                exhausted_only=request.exhausted_only, after_id=after, limit=size,
+            ),
+        )
+        return budgets_pb2.ListBudgetsResponse(
+            budgets=[mapping.budget_to_proto(b) for b in page.items],
+            next_page_token=encode_token(page.next_after) if page.next_after else "",
+        )
 
 
 __all__ = ["ApprovalsServicer", "BudgetsServicer", "Scope"]

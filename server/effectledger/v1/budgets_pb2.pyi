@@ -148,3 +148,27 @@ class RecordUsageResponse(_message.Message):
     budgets: _containers.RepeatedCompositeFieldContainer[Budget]
     usage_id: str
     def __init__(self, budgets: _Optional[_Iterable[_Union[Budget, _Mapping]]] = ..., usage_id: _Optional[str] = ...) -> None: ...
+
+class ListBudgetsRequest(_message.Message):
+    __slots__ = ("scope", "scope_id", "dimension", "exhausted_only", "page_size", "page_token")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    SCOPE_ID_FIELD_NUMBER: _ClassVar[int]
+    DIMENSION_FIELD_NUMBER: _ClassVar[int]
+    EXHAUSTED_ONLY_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    scope: BudgetScope
+    scope_id: str
+    dimension: str
+    exhausted_only: bool
+    page_size: int
+    page_token: str
+    def __init__(self, scope: _Optional[_Union[BudgetScope, str]] = ..., scope_id: _Optional[str] = ..., dimension: _Optional[str] = ..., exhausted_only: _Optional[bool] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListBudgetsResponse(_message.Message):
+    __slots__ = ("budgets", "next_page_token")
+    BUDGETS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    budgets: _containers.RepeatedCompositeFieldContainer[Budget]
+    next_page_token: str
+    def __init__(self, budgets: _Optional[_Iterable[_Union[Budget, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

@@ -98,6 +98,11 @@ class GateStub:
                 request_serializer=effectledger_dot_v1_dot_gate__pb2.ListDecisionsRequest.SerializeToString,
                 response_deserializer=effectledger_dot_v1_dot_gate__pb2.ListDecisionsResponse.FromString,
                 _registered_method=True)
+        self.ReplayDecision = channel.unary_unary(
+                '/effectledger.v1.Gate/ReplayDecision',
+                request_serializer=effectledger_dot_v1_dot_gate__pb2.ReplayDecisionRequest.SerializeToString,
+                response_deserializer=effectledger_dot_v1_dot_gate__pb2.ReplayDecisionResponse.FromString,
+                _registered_method=True)
 
 
 class GateServicer:
@@ -188,6 +193,14 @@ class GateServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReplayDecision(self, request, context):
+        """Evaluates a recorded decision's stored policy input again under the policy loaded now,
+        and returns both answers. Writes nothing. Reviewers, admins, auditors and operators.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GateServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -245,6 +258,11 @@ def add_GateServicer_to_server(servicer, server):
                     servicer.ListDecisions,
                     request_deserializer=effectledger_dot_v1_dot_gate__pb2.ListDecisionsRequest.FromString,
                     response_serializer=effectledger_dot_v1_dot_gate__pb2.ListDecisionsResponse.SerializeToString,
+            ),
+            'ReplayDecision': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplayDecision,
+                    request_deserializer=effectledger_dot_v1_dot_gate__pb2.ReplayDecisionRequest.FromString,
+                    response_serializer=effectledger_dot_v1_dot_gate__pb2.ReplayDecisionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -553,6 +571,33 @@ class Gate:
             '/effectledger.v1.Gate/ListDecisions',
             effectledger_dot_v1_dot_gate__pb2.ListDecisionsRequest.SerializeToString,
             effectledger_dot_v1_dot_gate__pb2.ListDecisionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplayDecision(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/effectledger.v1.Gate/ReplayDecision',
+            effectledger_dot_v1_dot_gate__pb2.ReplayDecisionRequest.SerializeToString,
+            effectledger_dot_v1_dot_gate__pb2.ReplayDecisionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -51,6 +51,11 @@ class BudgetsStub:
                 request_serializer=effectledger_dot_v1_dot_budgets__pb2.RecordUsageRequest.SerializeToString,
                 response_deserializer=effectledger_dot_v1_dot_budgets__pb2.RecordUsageResponse.FromString,
                 _registered_method=True)
+        self.ListBudgets = channel.unary_unary(
+                '/effectledger.v1.Budgets/ListBudgets',
+                request_serializer=effectledger_dot_v1_dot_budgets__pb2.ListBudgetsRequest.SerializeToString,
+                response_deserializer=effectledger_dot_v1_dot_budgets__pb2.ListBudgetsResponse.FromString,
+                _registered_method=True)
 
 
 class BudgetsServicer:
@@ -79,6 +84,13 @@ class BudgetsServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListBudgets(self, request, context):
+        """The tenant's budgets of every scope, in budget_id order (creation order), filtered.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BudgetsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -96,6 +108,11 @@ def add_BudgetsServicer_to_server(servicer, server):
                     servicer.RecordUsage,
                     request_deserializer=effectledger_dot_v1_dot_budgets__pb2.RecordUsageRequest.FromString,
                     response_serializer=effectledger_dot_v1_dot_budgets__pb2.RecordUsageResponse.SerializeToString,
+            ),
+            'ListBudgets': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListBudgets,
+                    request_deserializer=effectledger_dot_v1_dot_budgets__pb2.ListBudgetsRequest.FromString,
+                    response_serializer=effectledger_dot_v1_dot_budgets__pb2.ListBudgetsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -181,6 +198,33 @@ class Budgets:
             '/effectledger.v1.Budgets/RecordUsage',
             effectledger_dot_v1_dot_budgets__pb2.RecordUsageRequest.SerializeToString,
             effectledger_dot_v1_dot_budgets__pb2.RecordUsageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListBudgets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/effectledger.v1.Budgets/ListBudgets',
+            effectledger_dot_v1_dot_budgets__pb2.ListBudgetsRequest.SerializeToString,
+            effectledger_dot_v1_dot_budgets__pb2.ListBudgetsResponse.FromString,
             options,
             channel_credentials,
             insecure,

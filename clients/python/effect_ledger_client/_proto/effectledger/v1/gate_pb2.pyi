@@ -353,3 +353,33 @@ class ListDecisionsResponse(_message.Message):
     decisions: _containers.RepeatedCompositeFieldContainer[Decision]
     next_page_token: str
     def __init__(self, decisions: _Optional[_Iterable[_Union[Decision, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class ReplayDecisionRequest(_message.Message):
+    __slots__ = ("decision_id",)
+    DECISION_ID_FIELD_NUMBER: _ClassVar[int]
+    decision_id: str
+    def __init__(self, decision_id: _Optional[str] = ...) -> None: ...
+
+class ReplayDecisionResponse(_message.Message):
+    __slots__ = ("recorded", "outcome", "reasons", "policy_revision", "engine", "package", "outcome_changed", "policy_changed", "reasons_added", "reasons_removed")
+    RECORDED_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    REASONS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_REVISION_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_FIELD_NUMBER: _ClassVar[int]
+    PACKAGE_FIELD_NUMBER: _ClassVar[int]
+    OUTCOME_CHANGED_FIELD_NUMBER: _ClassVar[int]
+    POLICY_CHANGED_FIELD_NUMBER: _ClassVar[int]
+    REASONS_ADDED_FIELD_NUMBER: _ClassVar[int]
+    REASONS_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    recorded: Decision
+    outcome: _common_pb2.Outcome
+    reasons: _containers.RepeatedCompositeFieldContainer[_common_pb2.Reason]
+    policy_revision: str
+    engine: str
+    package: str
+    outcome_changed: bool
+    policy_changed: bool
+    reasons_added: _containers.RepeatedScalarFieldContainer[str]
+    reasons_removed: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, recorded: _Optional[_Union[Decision, _Mapping]] = ..., outcome: _Optional[_Union[_common_pb2.Outcome, str]] = ..., reasons: _Optional[_Iterable[_Union[_common_pb2.Reason, _Mapping]]] = ..., policy_revision: _Optional[str] = ..., engine: _Optional[str] = ..., package: _Optional[str] = ..., outcome_changed: _Optional[bool] = ..., policy_changed: _Optional[bool] = ..., reasons_added: _Optional[_Iterable[str]] = ..., reasons_removed: _Optional[_Iterable[str]] = ...) -> None: ...
