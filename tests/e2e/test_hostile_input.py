@@ -292,6 +292,7 @@ ENUM_FIELDS = {
     ("Approvals", "ListApprovals", "state"),
     ("Budgets", "PutBudget", "scope"),
     ("Budgets", "GetBudget", "scope"),
+    ("Budgets", "ListBudgets", "scope"),
     ("Gate", "RecordOutcome", "failed.evidence"),
     ("Checkpoints", "SealCheckpoint", "artifacts.classification"),
     ("Checkpoints", "ForkRun", "world"),
@@ -346,6 +347,9 @@ def test_an_undefined_enum_number_is_invalid_argument_in_every_request(
         ),
         "scope (get)": lambda: agent.budgets.GetBudget(
             budgets_pb2.GetBudgetRequest(scope=UNDEFINED)
+        ),
+        "scope (list)": lambda: agent.budgets.ListBudgets(
+            budgets_pb2.ListBudgetsRequest(scope=UNDEFINED)
         ),
         "failed.evidence": lambda: agent.gate.RecordOutcome(
             gate_pb2.RecordOutcomeRequest(

@@ -12,7 +12,7 @@ import itertools
 import pytest
 
 from effect_ledger.errors import LedgerError
-from effectledger.v1 import approvals_pb2, common_pb2, gate_pb2, runs_pb2
+from effectledger.v1 import approvals_pb2, budgets_pb2, common_pb2, gate_pb2, runs_pb2
 from support import REPO, authorize_request, contract, new_run, unknown
 
 ROLES = ("agent", "operator", "admin", "reviewer", "auditor")
@@ -81,6 +81,10 @@ def _call(rpc: str, client, agent, run_id: str) -> None:
         gate.ListDecisions(gate_pb2.ListDecisionsRequest(run_id=run_id))
     elif rpc == "ListRuns":
         client.runs.ListRuns(runs_pb2.ListRunsRequest())
+    elif rpc == "ListBudgets":
+        client.budgets.ListBudgets(budgets_pb2.ListBudgetsRequest())
+    elif rpc == "ReplayDecision":
+        gate.ReplayDecision(gate_pb2.ReplayDecisionRequest(decision_id=allowed.decision_id))
     elif rpc == "DecideApproval":
         approval = agent.approvals.RequestApproval(
             approvals_pb2.RequestApprovalRequest(
