@@ -26,6 +26,7 @@ from effect_ledger.domain.contracts import check_identifier
 from effect_ledger.domain.model import Role
 from effect_ledger.domain.trace import first_break
 from effect_ledger.errors import InvalidArgument
+from effect_ledger.observability import logs
 from effect_ledger.storage.dialect import normalize_url
 from effect_ledger.storage.engine import DatabaseSettings, create_sync, default_sqlite_url
 from effect_ledger.transport.workers import default_worker_count
@@ -190,13 +191,33 @@ def _limits_problem(options: argparse.Namespace) -> str | None:
     if options.requests_per_second_per_token < 0:
         return "--requests-per-second-per-token must be 0 (unlimited) or more"
     for name in (
-        "request_burst_per_token", "streams_per_principal_max", "open_approval_requests_per_tenant_max",
-        "artifacts_per_tenant_max", "snapshots_per_tenant_max", "maximum_concurrent_rpcs",
+        "request_burst_per_token",
+        "streams_per_principal_max",
+        "open_approval_requests_per_tenant_max",
+        "artifacts_per_tenant_max",
+        "snapshots_per_tenant_max",
+        "maximum_concurrent_rpcs",
     ):
         if getattr(options, name) < 1:
             return f"--{name.replace('_', '-')} must be at least 1"
     if options.stream_lifetime_max_seconds <= 0:
         return "--stream-lifetime-max-seconds must be positive"
+    return None
+
+
+def _observability_problem(options: argparse.Namespace) -> str | None:
+    from effect_ledger.observability.metrics import BadMetricsAddress, parse_listen
+    from effect_ledger.observability.tracing import EXPORTERS
+
+    if options.metrics_listen:
+        try:
+            parse_listen(options.metrics_listen)
+        except BadMetricsAddress as error:
+            return str(error)
+    if options.metrics_sample_interval_seconds <= 0:
+        return "--metrics-sample-interval-seconds must be positive"
+    if options.otel_exporter not in EXPORTERS:
+        return f"--otel-exporter must be one of {', '.join(EXPORTERS)}, not {options.otel_exporter!r}"
     return None
 
 
@@ -206,16 +227,24 @@ def _worker_command(options: argparse.Namespace):
 
     def command(index: int, channel_fd: int) -> list[str]:
         return [
-            sys.executable, "-m", "effect_ledger", *options.command_line,
-            "--port-file", "",  # the supervisor writes it once every worker serves
-            "--worker-index", str(index),
-            "--worker-channel-fd", str(channel_fd),
+            sys.executable,
+            "-m",
+            "effect_ledger",
+            *options.command_line,
+            "--port-file",
+            "",  # the supervisor writes it once every worker serves
+            "--worker-index",
+            str(index),
+            "--worker-channel-fd",
+            str(channel_fd),
         ]
 
     return command
 
 
 def command_serve(options: argparse.Namespace) -> int:
+    from effect_ledger.observability import tracing
+    from effect_ledger.observability.metrics import BadMetricsAddress
     from effect_ledger.storage.engine import Database, create_async
     from effect_ledger.transport import workers
     from effect_ledger.transport.server import CannotListen, serve_forever
@@ -229,7 +258,7 @@ def command_serve(options: argparse.Namespace) -> int:
     if (worker_index is None) != (options.worker_channel_fd is None):
         print("effect-ledger: --worker-index and --worker-channel-fd come together", file=sys.stderr)
         return 2
-    problem = _transport_security_problem(options) or _limits_problem(options)
+    problem = _transport_security_problem(options) or _limits_problem(options) or _observability_problem(options)
     if problem:
         print(f"effect-ledger: {problem}", file=sys.stderr)
         return 2
@@ -237,7 +266,8 @@ def command_serve(options: argparse.Namespace) -> int:
         # Once, by the supervisor or the lone server: workers parse the same flags.
         logging.getLogger(__name__).warning(
             "--insecure: serving plaintext on %s, which is not a loopback address; bearer tokens "
-            "and effect arguments cross the network unencrypted", options.listen,
+            "and effect arguments cross the network unencrypted",
+            options.listen,
         )
     url = _database_url(options)
     if worker_index is None:
@@ -250,11 +280,23 @@ def command_serve(options: argparse.Namespace) -> int:
         worker_count = options.workers or workers.default_worker_count()
         if worker_count > 1:
             command = _worker_command(options)
-            return workers.supervise(command, worker_count, options.listen, options.port_file, options.grace_seconds)
-    else:
-        labelled = logging.Formatter(_log_format(f"[worker {worker_index} pid {os.getpid()}] "))
-        for handler in logging.getLogger().handlers:
-            handler.setFormatter(labelled)
+            try:
+                return workers.supervise(
+                    command,
+                    worker_count,
+                    options.listen,
+                    options.port_file,
+                    options.grace_seconds,
+                    metrics_listen=options.metrics_listen,
+                )
+            except BadMetricsAddress as error:
+                print(f"effect-ledger: {error}", file=sys.stderr)
+                return 2
+    try:
+        tracing.configure(options.otel_exporter)
+    except tracing.BadExporter as error:
+        print(f"effect-ledger: {error}", file=sys.stderr)
+        return 2
     settings = ServerSettings(
         listen=options.listen,
         database_url=url,
@@ -275,6 +317,8 @@ def command_serve(options: argparse.Namespace) -> int:
         tls_certificate=options.tls_cert,
         tls_key=options.tls_key,
         tls_client_ca=options.tls_client_ca,
+        metrics_listen=options.metrics_listen,
+        metrics_sample_interval_seconds=options.metrics_sample_interval_seconds,
         limits=Limits(
             requests_per_second_per_token=options.requests_per_second_per_token,
             request_burst_per_token=options.request_burst_per_token,
@@ -298,9 +342,11 @@ def command_serve(options: argparse.Namespace) -> int:
 
     try:
         asyncio.run(main())
-    except CannotListen as error:
+    except (CannotListen, BadMetricsAddress) as error:
         print(f"effect-ledger: {error}", file=sys.stderr)
         return 2
+    finally:
+        tracing.shutdown()  # exports the spans still buffered
     return 0
 
 
@@ -403,8 +449,14 @@ def command_principal_set_roles(options: argparse.Namespace) -> int:
 
 
 def principal_tokens(
-    url: str, tenant: str, action: str, principal_id: str = "", expires_at: datetime | None = None,
-    expires_in_seconds: int | None = None, never: bool = False, subject: str | None = None,
+    url: str,
+    tenant: str,
+    action: str,
+    principal_id: str = "",
+    expires_at: datetime | None = None,
+    expires_in_seconds: int | None = None,
+    never: bool = False,
+    subject: str | None = None,
 ) -> tuple[list[dict[str, str]], str]:
     """list, disable, enable, rotate, expire or bind principals' tokens of a tenant, directly in the
     database (an operator's tool: no admin token needed). Returns the principals it touched
@@ -437,8 +489,11 @@ def principal_tokens(
         elif action == "bind":
             await store.change(unit.connection, tenant, principal_id, client_subject=subject or None)
         elif action == "expire":
-            when = None if never else expires_at or (
-                unit.now + timedelta(seconds=expires_in_seconds) if expires_in_seconds is not None else unit.now
+            when = (
+                None
+                if never
+                else expires_at
+                or (unit.now + timedelta(seconds=expires_in_seconds) if expires_in_seconds is not None else unit.now)
             )
             await store.change(unit.connection, tenant, principal_id, token_expires_at=when)
         return [await store.get(unit.connection, tenant, principal_id)], token
@@ -491,8 +546,14 @@ def command_principal_tokens(options: argparse.Namespace) -> int:
         return 2
     try:
         rows, token = principal_tokens(
-            _database_url(options), options.tenant, options.principal_command, getattr(options, "id", "") or "",
-            expires_at, seconds, getattr(options, "never", False), getattr(options, "subject", None),
+            _database_url(options),
+            options.tenant,
+            options.principal_command,
+            getattr(options, "id", "") or "",
+            expires_at,
+            seconds,
+            getattr(options, "never", False),
+            getattr(options, "subject", None),
         )
     except InvalidArgument as error:
         print(f"effect-ledger: {error}", file=sys.stderr)
@@ -525,8 +586,14 @@ def checkpoint_keys(url: str, action: str, argument: str = "", note: str = "") -
             await key_store.rotate(unit.connection, unit.now, note or "rotated")
         elif trusted is not None:
             key_id, pem = trusted
-            await key_store.add(unit.connection, key_id=key_id, public_key=pem, private_key=None,
-                                note=note or f"trusted from {Path(argument).name}", now=unit.now)
+            await key_store.add(
+                unit.connection,
+                key_id=key_id,
+                public_key=pem,
+                private_key=None,
+                note=note or f"trusted from {Path(argument).name}",
+                now=unit.now,
+            )
         elif action == "forget":
             keys = await key_store.list_keys(unit.connection)
             signer = key_store.active(keys)
@@ -644,7 +711,9 @@ def command_policy_test(options: argparse.Namespace) -> int:
         print("effect-ledger: OPA's engine is not installed (pip install opa-golib-python-bindings)", file=sys.stderr)
         return 2
     for result in results:
-        print(f"{'PASS' if result.passed else 'FAIL'} [{options.engine}] {result.file}: {result.name} {result.detail[:200]}")
+        print(
+            f"{'PASS' if result.passed else 'FAIL'} [{options.engine}] {result.file}: {result.name} {result.detail[:200]}"
+        )
     failed = sum(not r.passed for r in results)
     print(f"{options.engine}: {len(results) - failed} passed, {failed} failed")
     return 1 if failed or not results else 0
@@ -685,40 +754,108 @@ def _version() -> str:
         return __version__
 
 
+def _observability_arguments(serve: argparse.ArgumentParser) -> None:
+    """Logs, metrics and traces (docs/observability.md). ``--log-level`` and ``--log-format`` are
+    also taken before the command; given after ``serve``, they win."""
+    group = serve.add_argument_group("observability", "logs, metrics and traces (docs/observability.md)")
+    # No defaults of their own: when not given here, the values before the command apply (and
+    # those default to the environment variables).
+    group.add_argument(
+        "--log-level",
+        dest="serve_log_level",
+        metavar="LOG_LEVEL",
+        default=None,
+        help="DEBUG, INFO (one access line per call), WARNING or ERROR (default INFO)",
+    )
+    group.add_argument(
+        "--log-format",
+        dest="serve_log_format",
+        metavar="LOG_FORMAT",
+        choices=logs.LOG_FORMATS,
+        default=None,
+        help="text, or json: one JSON object a line, the server's own lines and its libraries' alike (default text)",
+    )
+    group.add_argument(
+        "--metrics-listen",
+        default=_env("metrics-listen"),
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (port 0: any free port, logged); "
+        "off by default; with --workers the supervisor serves every worker's",
+    )
+    group.add_argument(
+        "--metrics-sample-interval-seconds",
+        type=float,
+        default=_env_number("metrics-sample-interval-seconds", float, "15"),
+        help="how often the open effects and pending approval requests per tenant are counted in the database",
+    )
+    group.add_argument(
+        "--otel-exporter",
+        default=_env("otel-exporter", "none"),
+        choices=("none", "console", "otlp"),
+        help="OpenTelemetry traces: none, console (spans to standard output) or otlp (configured by the "
+        "standard OTEL_EXPORTER_OTLP_* variables)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="effect-ledger", description="The effect ledger and final gate.")
     parser.add_argument("--version", action="version", version=f"effect-ledger {_version()}")
-    parser.add_argument("--log-level", default=_env("log-level", "INFO"), help="DEBUG, INFO, WARNING or ERROR (env EFFECT_LEDGER_LOG_LEVEL)")
+    parser.add_argument(
+        "--log-level",
+        default=_env("log-level", "INFO"),
+        help="DEBUG, INFO, WARNING or ERROR (env EFFECT_LEDGER_LOG_LEVEL)",
+    )
+    parser.add_argument(
+        "--log-format",
+        default=_env("log-format", "text"),
+        help="text or json: one JSON object a line (env EFFECT_LEDGER_LOG_FORMAT; default text)",
+    )
     commands = parser.add_subparsers(dest="command")
 
     serve = commands.add_parser(
-        "serve", help="run the gRPC server (applies migrations first)", formatter_class=_HelpFormatter,
+        "serve",
+        help="run the gRPC server (applies migrations first)",
+        formatter_class=_HelpFormatter,
         description="Run the gRPC server. Every flag can also be set by the environment variable named after it.",
     )
     _database_argument(serve)
     serve.add_argument("--listen", default=_env("listen", "127.0.0.1:50051"), help="host:port to serve on")
     serve.add_argument(
-        "--no-migrate", action="store_true", default=_env_flag("no-migrate"),
+        "--no-migrate",
+        action="store_true",
+        default=_env_flag("no-migrate"),
         help="do not apply migrations at start: refuse to start (exit 2) unless the database is "
         "already at the newest schema (run `effect-ledger migrate` as a separate job)",
     )
     serve.add_argument("--policy-dir", default=_env("policy-dir"), help="Rego policy folder (default: packaged)")
     serve.add_argument("--opa-url", default=_env("opa-url"), help="evaluate with a real OPA server instead")
     serve.add_argument("--opa-timeout-seconds", type=float, default=_env_number("opa-timeout-seconds", float, "0.5"))
-    serve.add_argument("--default-deadline-seconds", type=float, default=_env_number("default-deadline-seconds", float, "10"))
-    serve.add_argument("--maximum-concurrent-rpcs", type=int, default=_env_number("maximum-concurrent-rpcs", int, "256"))
-    serve.add_argument("--grace-seconds", type=float, default=_env_number("grace-seconds", float, "10"))
-    serve.add_argument("--lease-sweep-interval-seconds", type=float, default=_env_number("lease-sweep-interval-seconds", float, "1"))
     serve.add_argument(
-        "--reconcile-grace-seconds", type=float, default=_env_number("reconcile-grace-seconds", float, "-1"),
+        "--default-deadline-seconds", type=float, default=_env_number("default-deadline-seconds", float, "10")
+    )
+    serve.add_argument(
+        "--maximum-concurrent-rpcs", type=int, default=_env_number("maximum-concurrent-rpcs", int, "256")
+    )
+    serve.add_argument("--grace-seconds", type=float, default=_env_number("grace-seconds", float, "10"))
+    serve.add_argument(
+        "--lease-sweep-interval-seconds", type=float, default=_env_number("lease-sweep-interval-seconds", float, "1")
+    )
+    serve.add_argument(
+        "--reconcile-grace-seconds",
+        type=float,
+        default=_env_number("reconcile-grace-seconds", float, "-1"),
         help="how long after a lease ends only its owner may settle it not_happened (default: the lease length)",
     )
     serve.add_argument(
-        "--database-pool-size", type=int, default=_env_number("database-pool-size", int, "10"),
+        "--database-pool-size",
+        type=int,
+        default=_env_number("database-pool-size", int, "10"),
         help="database connections per server process: each of the --workers has a pool this size",
     )
     serve.add_argument(
-        "--workers", type=int, default=_env_number("workers", int, "0"),
+        "--workers",
+        type=int,
+        default=_env_number("workers", int, "0"),
         help="server processes sharing the listening port (SO_REUSEPORT), each with its own event loop "
         "and database pool, under one supervisor; 0 (the default): one per CPU this process may use "
         f"({default_worker_count()} here); 1: a single process and no supervisor",
@@ -727,57 +864,83 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
     serve.add_argument("--worker-channel-fd", type=int, default=None, help=argparse.SUPPRESS)
     serve.add_argument("--port-file", default=_env("port-file"), help="write the bound port here")
-    serve.add_argument("--approval-ttl-seconds-default", type=int, default=_env_number("approval-ttl-seconds-default", int, "3600"))
-    serve.add_argument("--approval-ttl-seconds-max", type=int, default=_env_number("approval-ttl-seconds-max", int, "604800"))
-    serve.add_argument("--checkpoint-signing-key", default=_env("checkpoint-signing-key"), help="Ed25519 private key (PEM) that signs exports")
-    serve.add_argument("--checkpoint-verification-key", default=_env("checkpoint-verification-key"), help="Ed25519 public key (PEM); imports must be signed by its pair")
+    _observability_arguments(serve)
+    serve.add_argument(
+        "--approval-ttl-seconds-default", type=int, default=_env_number("approval-ttl-seconds-default", int, "3600")
+    )
+    serve.add_argument(
+        "--approval-ttl-seconds-max", type=int, default=_env_number("approval-ttl-seconds-max", int, "604800")
+    )
+    serve.add_argument(
+        "--checkpoint-signing-key",
+        default=_env("checkpoint-signing-key"),
+        help="Ed25519 private key (PEM) that signs exports",
+    )
+    serve.add_argument(
+        "--checkpoint-verification-key",
+        default=_env("checkpoint-verification-key"),
+        help="Ed25519 public key (PEM); imports must be signed by its pair",
+    )
     serve.add_argument("--tls-cert", default=_env("tls-cert"), help="the server's certificate chain (PEM): serve TLS")
     serve.add_argument("--tls-key", default=_env("tls-key"), help="the private key of --tls-cert (PEM, unencrypted)")
     serve.add_argument(
-        "--tls-client-ca", default=_env("tls-client-ca"),
+        "--tls-client-ca",
+        default=_env("tls-client-ca"),
         help="CA certificates (PEM): every client must present a certificate one of them signed (mTLS)",
     )
     serve.add_argument(
-        "--insecure", action="store_true", default=_env_flag("insecure"),
+        "--insecure",
+        action="store_true",
+        default=_env_flag("insecure"),
         help="allow plaintext on a non-loopback --listen address (refused without it; loopback "
         "addresses are always allowed plaintext)",
     )
     defaults = Limits()
     limits = serve.add_argument_group(
-        "limits", "per server process unless named per tenant (docs/threat-model.md); each has its EFFECT_LEDGER_ variable"
+        "limits",
+        "per server process unless named per tenant (docs/threat-model.md); each has its EFFECT_LEDGER_ variable",
     )
     limits.add_argument(
-        "--requests-per-second-per-token", type=float,
+        "--requests-per-second-per-token",
+        type=float,
         default=_env_number("requests-per-second-per-token", float, str(defaults.requests_per_second_per_token)),
         help="calls a second one bearer token may make (token bucket; 0: unlimited)",
     )
     limits.add_argument(
-        "--request-burst-per-token", type=int,
+        "--request-burst-per-token",
+        type=int,
         default=_env_number("request-burst-per-token", int, str(defaults.request_burst_per_token)),
         help="calls one token may make at once before the rate applies",
     )
     limits.add_argument(
-        "--streams-per-principal-max", type=int,
+        "--streams-per-principal-max",
+        type=int,
         default=_env_number("streams-per-principal-max", int, str(defaults.streams_per_principal_max)),
         help="open streams (WatchApprovals, ExportCheckpoint, ImportCheckpoint) per principal",
     )
     limits.add_argument(
-        "--stream-lifetime-max-seconds", type=float,
+        "--stream-lifetime-max-seconds",
+        type=float,
         default=_env_number("stream-lifetime-max-seconds", float, str(defaults.stream_lifetime_max_seconds)),
         help="the longest a stream lives (WatchApprovals then ends and the client resumes from its cursor)",
     )
     limits.add_argument(
-        "--open-approval-requests-per-tenant-max", type=int,
-        default=_env_number("open-approval-requests-per-tenant-max", int, str(defaults.open_approval_requests_per_tenant_max)),
+        "--open-approval-requests-per-tenant-max",
+        type=int,
+        default=_env_number(
+            "open-approval-requests-per-tenant-max", int, str(defaults.open_approval_requests_per_tenant_max)
+        ),
         help="a tenant's pending approval requests at once",
     )
     limits.add_argument(
-        "--artifacts-per-tenant-max", type=int,
+        "--artifacts-per-tenant-max",
+        type=int,
         default=_env_number("artifacts-per-tenant-max", int, str(defaults.artifacts_per_tenant_max)),
         help="a tenant's stored artifacts (deleted ones not counted)",
     )
     limits.add_argument(
-        "--snapshots-per-tenant-max", type=int,
+        "--snapshots-per-tenant-max",
+        type=int,
         default=_env_number("snapshots-per-tenant-max", int, str(defaults.snapshots_per_tenant_max)),
         help="a tenant's recorded snapshots",
     )
@@ -814,7 +977,9 @@ def build_parser() -> argparse.ArgumentParser:
         if name != "list":
             sub.add_argument("--id", required=True)
         if name == "rotate":
-            sub.add_argument("--in-seconds", dest="in_seconds", type=int, default=None, help="the new token expires after this")
+            sub.add_argument(
+                "--in-seconds", dest="in_seconds", type=int, default=None, help="the new token expires after this"
+            )
         if name == "expire":
             when = sub.add_mutually_exclusive_group()
             when.add_argument("--at", default="", help="an ISO 8601 instant with a time zone")
@@ -822,7 +987,9 @@ def build_parser() -> argparse.ArgumentParser:
             when.add_argument("--never", action="store_true")
         if name == "bind":
             which = sub.add_mutually_exclusive_group(required=True)
-            which.add_argument("--subject", default=None, help="the certificate subject, RFC 2253 (e.g. 'CN=agent-7,O=Example')")
+            which.add_argument(
+                "--subject", default=None, help="the certificate subject, RFC 2253 (e.g. 'CN=agent-7,O=Example')"
+            )
             which.add_argument("--clear", action="store_true", help="no binding: the token works from any peer")
         sub.set_defaults(handler=command_principal_tokens)
 
@@ -853,15 +1020,13 @@ def build_parser() -> argparse.ArgumentParser:
     policy_test = commands.add_parser("policy-test", help="run the policy's _test.rego files")
     policy_test.add_argument("--policy-dir", default=_env("policy-dir"))
     policy_test.add_argument(
-        "--engine", choices=["embedded", "opa"], default="embedded",
+        "--engine",
+        choices=["embedded", "opa"],
+        default="embedded",
         help="embedded: the server's default engine; opa: OPA's own Go engine (what a real OPA server runs)",
     )
     policy_test.set_defaults(handler=command_policy_test)
     return parser
-
-
-def _log_format(label: str = "") -> str:
-    return f"%(asctime)s %(levelname)s {label}%(name)s %(message)s"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -872,14 +1037,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     command_line = list(sys.argv[1:] if argv is None else argv)
     options = parser.parse_args(command_line)
-    logging.basicConfig(
-        level=getattr(logging, str(options.log_level).upper(), logging.INFO),
-        format=_log_format(),
-    )
-    logging.getLogger("alembic").setLevel(logging.WARNING)
     if options.command is None:
         options = parser.parse_args(["serve", *(argv or [])])
         command_line = [*command_line, "serve"]
+    try:
+        logs.configure(
+            getattr(options, "serve_log_format", None) or options.log_format,
+            getattr(options, "serve_log_level", None) or options.log_level,
+            worker=getattr(options, "worker_index", None),
+        )
+    except logs.BadLogSetting as error:
+        print(f"effect-ledger: {error}", file=sys.stderr)
+        return 2
     # A supervisor starts its workers with the same command line (serve --workers).
     options.command_line = command_line
     return options.handler(options)

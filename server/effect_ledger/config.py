@@ -72,4 +72,8 @@ class ServerSettings:
     tls_certificate: str = ""
     tls_key: str = ""
     tls_client_ca: str = ""
+    # Prometheus metrics on HOST:PORT (empty: off); the ledger's gauges (open effects, pending
+    # approval requests) are sampled from the database this often, by one process per host.
+    metrics_listen: str = ""
+    metrics_sample_interval_seconds: float = 15.0
     limits: Limits = Limits()

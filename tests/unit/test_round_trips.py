@@ -95,9 +95,7 @@ async def test_a_rollback_is_one_round_trip(counting, database_url):
 
 @pytest.mark.postgres
 @pytest.mark.parametrize("commits, counted", [(False, 1), (True, 0)])
-async def test_the_pools_rollback_counts_only_when_the_driver_left_a_transaction(
-    counting, commits, counted
-):
+async def test_the_pools_rollback_counts_only_when_the_driver_left_a_transaction(counting, commits, counted):
     engine = create_async(DatabaseSettings(PG_URL, pool_size=1))
 
     async def on_the_driver() -> None:
@@ -135,9 +133,7 @@ async def test_work_outside_a_call_and_noted_trips_are_kept_apart(counting, data
 async def test_nothing_is_hooked_or_counted_when_off(not_counting, database_url, tmp_path):
     engine = create_async(DatabaseSettings(database_url, pool_size=1))
     try:
-        assert not event.contains(
-            engine.sync_engine, "before_cursor_execute", round_trips._count_one
-        )
+        assert not event.contains(engine.sync_engine, "before_cursor_execute", round_trips._count_one)
         await asyncio.create_task(two_statements_committed(engine))
         round_trips.note(5)
     finally:
@@ -165,7 +161,9 @@ async def test_the_interceptor_attributes_the_call_to_its_method(counting):
             continuation, SimpleNamespace(method=AUTHORIZE, invocation_metadata=metadata)
         )
         assert (
-            await handler.unary_unary(b"request", SimpleNamespace(time_remaining=lambda: 4.0))
+            await handler.unary_unary(
+                b"request", SimpleNamespace(time_remaining=lambda: 4.0, set_trailing_metadata=lambda metadata: None)
+            )
             == b"request"
         )
 
@@ -183,8 +181,6 @@ def test_counts_are_written_per_process_at_start_and_on_sigusr1(counting, monkey
         round_trips.calls[AUTHORIZE] += 4
         round_trips.round_trips[AUTHORIZE] += 10
         os.kill(os.getpid(), signal.SIGUSR1)
-        assert json.loads(written.read_text()) == {
-            AUTHORIZE: {"calls": 4, "round_trips": 10, "per_call": 2.5}
-        }
+        assert json.loads(written.read_text()) == {AUTHORIZE: {"calls": 4, "round_trips": 10, "per_call": 2.5}}
     finally:
         signal.signal(signal.SIGUSR1, previous)

@@ -33,6 +33,7 @@ from effect_ledger.domain.model import (
 )
 from effect_ledger.domain.tokens import check_certificate_binding
 from effect_ledger.errors import InvalidArgument, NotFound, PermissionDenied, Unauthenticated
+from effect_ledger.observability import calls
 from effect_ledger.service.authorize import (
     AuthorizeRequest,
     AuthorizeResult,
@@ -57,6 +58,7 @@ def authenticated(principal: Principal | None, roles: frozenset[Role], peer_subj
     if principal is None:
         raise Unauthenticated("unknown or disabled token", reason="TOKEN_UNKNOWN")
     check_certificate_binding(principal, peer_subject)
+    calls.identify(principal.tenant_id, principal.principal_id)  # for the call's access line
     if not principal.has_any(roles):
         raise PermissionDenied(
             f"needs one of the roles {sorted(r.value for r in roles)}",
@@ -97,20 +99,39 @@ async def _intent_facts(
             )
     intent = Intent(run.run_id, request.tool, revision, digest)
     return IntentFacts(
-        run, effect, current, pinned if effect is not None else current, revision, digest, verdict, intent,
+        run,
+        effect,
+        current,
+        pinned if effect is not None else current,
+        revision,
+        digest,
+        verdict,
+        intent,
         facts.obligations,
     )
 
 
 async def authorize(
-    gate: Gate, connection: Any, token_hash: str, roles: frozenset[Role], request: AuthorizeRequest,
-    arguments: dict[str, Any], peer_subject: str | None = None,
+    gate: Gate,
+    connection: Any,
+    token_hash: str,
+    roles: frozenset[Role],
+    request: AuthorizeRequest,
+    arguments: dict[str, Any],
+    peer_subject: str | None = None,
 ) -> AuthorizeResult:
     limits = gate.limits
     custom = bool(set(request.estimate) - budget_rules.STANDARD_DIMENSIONS)
     facts = await gate_store.authorize_facts(
-        connection, token_hash, request.run_id, request.idempotency_key, request.tool, request.target,
-        limits.run_open_effects_in_policy_max, limits.target_unknown_effects_in_policy_max + 1, custom,
+        connection,
+        token_hash,
+        request.run_id,
+        request.idempotency_key,
+        request.tool,
+        request.target,
+        limits.run_open_effects_in_policy_max,
+        limits.target_unknown_effects_in_policy_max + 1,
+        custom,
     )
     principal = authenticated(facts.principal, roles, peer_subject)
     if facts.run is None:
@@ -158,8 +179,11 @@ async def authorize(
         refusal = (Reason("BUDGET_EXHAUSTED", f"dimension {dimension}: the estimate does not fit in the budget"),)
         effect, attempt, reservation_ids = intent.effect, None, ()
         decision = replace(
-            decision, outcome=Outcome.DENY, reasons=refusal,
-            effect_id=effect.effect_id if effect is not None else None, attempt_id=None,
+            decision,
+            outcome=Outcome.DENY,
+            reasons=refusal,
+            effect_id=effect.effect_id if effect is not None else None,
+            attempt_id=None,
         )
     return AuthorizeResult(
         outcome=decision.outcome,
@@ -196,9 +220,17 @@ def _admit(
     attempt_id = repo.new_id("att")
     if existing is None:
         effect = Effect(
-            effect_id=effect_id, run_id=request.run_id, tool=request.tool, tool_revision=contract.revision,
-            target=request.target, idempotency_key=request.idempotency_key, intent_digest=intent.digest,
-            arguments=arguments, stage=Stage.AUTHORIZED, created_at=now, updated_at=now,
+            effect_id=effect_id,
+            run_id=request.run_id,
+            tool=request.tool,
+            tool_revision=contract.revision,
+            target=request.target,
+            idempotency_key=request.idempotency_key,
+            intent_digest=intent.digest,
+            arguments=arguments,
+            stage=Stage.AUTHORIZED,
+            created_at=now,
+            updated_at=now,
         )
     else:
         effect = replace(existing, attempts=list(existing.attempts))
@@ -207,7 +239,9 @@ def _admit(
         effect_id=effect_id,
         number=len(effect.attempts) + 1,
         stage=Stage.DISPATCHED if dispatched else Stage.AUTHORIZED,
-        provider_key=lifecycle.provider_key_for_new_attempt(effect_id, effect.attempts, intent.verdict.reuse_provider_key),
+        provider_key=lifecycle.provider_key_for_new_attempt(
+            effect_id, effect.attempts, intent.verdict.reuse_provider_key
+        ),
         provider_key_reused=intent.verdict.reuse_provider_key,
         lease_expires_at=lifecycle.lease_until(now, contract.lease_seconds),
         authorized_at=now,
@@ -228,12 +262,21 @@ def _admit(
     for budget, amount in budget_rules.reservations_needed(applicable, estimate):
         reservation_id = repo.new_id("res")
         reservations.append({"budget_id": budget.budget_id, "amount": amount, "dimension": budget.dimension})
-        rows.append({
-            "tenant_id": tenant, "reservation_id": reservation_id, "budget_id": budget.budget_id,
-            "attempt_id": attempt_id, "effect_id": effect_id, "dimension": budget.dimension, "amount": amount,
-            "state": ReservationState.PENDING.value, "posted_amount": 0, "created_at": now.isoformat(),
-            "settled_at": None,
-        })
+        rows.append(
+            {
+                "tenant_id": tenant,
+                "reservation_id": reservation_id,
+                "budget_id": budget.budget_id,
+                "attempt_id": attempt_id,
+                "effect_id": effect_id,
+                "dimension": budget.dimension,
+                "amount": amount,
+                "state": ReservationState.PENDING.value,
+                "posted_amount": 0,
+                "created_at": now.isoformat(),
+                "settled_at": None,
+            }
+        )
     plan["reservations"] = reservations
     plan["reservation_rows"] = rows
     plan["events"] = [

@@ -30,6 +30,7 @@ from effect_ledger.errors import (
     StorageUnavailable,
 )
 from effect_ledger.faults import crash_point
+from effect_ledger.observability import tracing
 from effect_ledger.storage import round_trips
 from effect_ledger.storage.dialect import database_now, is_sqlite, normalize_url
 from effect_ledger.storage.trace_store import append_events
@@ -96,8 +97,7 @@ def _postgres_connect_args(settings: DatabaseSettings) -> dict[str, Any]:
     given = make_url(normalize_url(settings.url)).query.get("options", ())
     given_text = " ".join(given) if isinstance(given, tuple) else given
     options = (
-        (f"{given_text} " if given_text else "")
-        + f"-c statement_timeout={settings.statement_timeout_ms} "
+        (f"{given_text} " if given_text else "") + f"-c statement_timeout={settings.statement_timeout_ms} "
         f"-c lock_timeout={settings.lock_timeout_ms} "
         # A transaction left open by a stuck process releases its locks after 30 s.
         "-c idle_in_transaction_session_timeout=30000"
@@ -147,9 +147,7 @@ def create_sync(settings: DatabaseSettings) -> Engine:
         engine = create_engine(url, pool_size=1, max_overflow=0)
         _install_sqlite_events(engine, settings.sqlite_busy_timeout_ms)
         return engine
-    return create_engine(
-        url, pool_size=1, max_overflow=0, connect_args=_postgres_connect_args(settings)
-    )
+    return create_engine(url, pool_size=1, max_overflow=0, connect_args=_postgres_connect_args(settings))
 
 
 def default_sqlite_url(folder: str = ".effect-ledger") -> str:
@@ -241,33 +239,36 @@ class Database:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self.dialect = engine.dialect.name
+        # Each attempt at a unit of work is one span, when tracing is on.
+        self._span_attributes = {"db.system": self.dialect}
         # maintain_tables: the dead rows each table still held after its last VACUUM here.
         self._dead_rows_left: dict[str, int] = {}
 
     @contextlib.asynccontextmanager
     async def _transaction(self, read_clock: bool) -> AsyncIterator[UnitOfWork]:
-        async with self.engine.connect() as connection:
-            transaction = await connection.begin()
-            try:
-                # Callers that read the clock within their first query (authentication) skip
-                # the separate round trip.
-                now = await database_now(connection) if read_clock else datetime.min.replace(tzinfo=UTC)
-                unit = UnitOfWork(connection, now)
-                yield unit
-                await unit.flush_events()
-                crash_point("before_commit")
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    await transaction.rollback()
-                raise
-            try:
-                await transaction.commit()
-            except Exception as error:
-                # The COMMIT was sent and no answer came back: it may or may not have landed.
-                raise CommitOutcomeUnknown(
-                    "the database connection failed during commit: the outcome is unknown; "
-                    "retry with the same idempotency key and the ledger will answer what happened"
-                ) from error
+        with tracing.span(tracing.TRANSACTION_SPAN, self._span_attributes):
+            async with self.engine.connect() as connection:
+                transaction = await connection.begin()
+                try:
+                    # Callers that read the clock within their first query (authentication) skip
+                    # the separate round trip.
+                    now = await database_now(connection) if read_clock else datetime.min.replace(tzinfo=UTC)
+                    unit = UnitOfWork(connection, now)
+                    yield unit
+                    await unit.flush_events()
+                    crash_point("before_commit")
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        await transaction.rollback()
+                    raise
+                try:
+                    await transaction.commit()
+                except Exception as error:
+                    # The COMMIT was sent and no answer came back: it may or may not have landed.
+                    raise CommitOutcomeUnknown(
+                        "the database connection failed during commit: the outcome is unknown; "
+                        "retry with the same idempotency key and the ledger will answer what happened"
+                    ) from error
 
     async def run(self, work: Callable[[UnitOfWork], Awaitable[T]], *, read_clock: bool = True) -> T:
         """Run ``work`` in one transaction; nothing it wrote survives an error it raises.
@@ -315,7 +316,7 @@ class Database:
         last: LedgerError | None = None
         for _ in range(UNIT_OF_WORK_ATTEMPTS_MAX):
             try:
-                async with self.engine.connect() as connection:
+                async with self._driver_connection() as connection:
                     driver = (await connection.get_raw_connection()).driver_connection
                     assert driver is not None, "a pooled connection has its driver connection"
                     # The work sends BEGIN and COMMIT itself, inside its query strings.
@@ -351,6 +352,18 @@ class Database:
                 raise mapped from error
         assert last is not None
         raise last
+
+    def _driver_connection(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
+        """A pooled connection for ``run_driver``'s work; with tracing on, inside a span."""
+        if tracing.enabled():
+            return self._traced_connection()
+        return self.engine.connect()
+
+    @contextlib.asynccontextmanager
+    async def _traced_connection(self) -> AsyncIterator[AsyncConnection]:
+        with tracing.span(tracing.TRANSACTION_SPAN, self._span_attributes):
+            async with self.engine.connect() as connection:
+                yield connection
 
     async def maintain_tables(self, *, vacuum: bool = True, analyze: bool = True) -> tuple[list[str], list[str]]:
         """PostgreSQL with autovacuum off: do its work, by its own thresholds. Returns the tables

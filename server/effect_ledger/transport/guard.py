@@ -16,6 +16,11 @@
   from its cursor), the others end with DEADLINE_EXCEEDED.
 - **Errors.** Domain errors become statuses through the one table (``status.py``); anything
   else becomes INTERNAL with a generic message, logged here. No exception text reaches a client.
+  An UNAVAILABLE answer (the policy engine, the database) is logged here with its cause.
+- **Observed.** Each call has a request id: the caller's ``x-request-id`` when it is a valid
+  one, otherwise a new one; it goes back in the trailing metadata, on success and on error, and
+  is on every line logged during the call. When the call ends, the observer writes its access
+  line and counts it (``observability/observer.py``).
 """
 
 from __future__ import annotations
@@ -27,8 +32,6 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -42,11 +45,16 @@ from effect_ledger.errors import (
     PermissionDenied,
     ResourceExhausted,
     Unauthenticated,
+    Unavailable,
 )
+from effect_ledger.observability import calls, logs, tracing
+from effect_ledger.observability.calls import REQUEST_ID_KEY, CallState
+from effect_ledger.observability.observer import Observer
 from effect_ledger.storage import round_trips
 from effect_ledger.transport import peer, status
 
 log = logging.getLogger(__name__)
+failures = logs.get_logger(__name__)
 
 # Services every caller may use without a token, never counted or refused by admission.
 OPEN_SERVICES = frozenset(
@@ -97,21 +105,13 @@ class RateLimiter:
         return waiting
 
 
-@dataclass
-class CallState:
-    """What the guard knows of the call in progress: who it authenticated as, if anyone yet."""
-
-    principal_id: str | None = None
-
-
-_current: ContextVar[CallState | None] = ContextVar("effect_ledger_call", default=None)
-
-
 def authenticated_as(principal: Principal) -> None:
     """The call in progress has authenticated (its errors may now speak of its request)."""
-    state = _current.get()
+    state = calls.current.get()
     if state is not None:
         state.principal_id = principal.principal_id
+        state.tenant_id = principal.tenant_id
+        state.caller_id = principal.principal_id
 
 
 def bearer_token(metadata: Any) -> str | None:
@@ -140,8 +140,10 @@ class Guard(grpc.aio.ServerInterceptor):
         maximum_concurrent_rpcs: int,
         limits: Limits,
         authenticate: Authenticator,
+        observer: Observer | None = None,
     ) -> None:
         self.default_deadline_seconds = default_deadline_seconds
+        self.observer = observer or Observer()
         self.maximum_concurrent_rpcs = maximum_concurrent_rpcs
         self.limits = limits
         self.authenticate = authenticate
@@ -157,23 +159,25 @@ class Guard(grpc.aio.ServerInterceptor):
             round_trips.begin_call(method)
         if handler is None or method.lstrip("/").split("/", 1)[0] in OPEN_SERVICES:
             return handler
-        token = bearer_token(handler_call_details.invocation_metadata)
+        metadata = handler_call_details.invocation_metadata
+        token = bearer_token(metadata)
+        call = (method.lstrip("/"), calls.request_id_of(metadata))
         name = method.rsplit("/", 1)[-1]
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
-                self._unary(handler.unary_unary, name, token),
+                self._unary(handler.unary_unary, name, token, call),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.unary_stream is not None:
             return grpc.unary_stream_rpc_method_handler(
-                self._server_stream(handler.unary_stream, method, token),
+                self._server_stream(handler.unary_stream, method, token, call),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
         if handler.stream_unary is not None:
             return grpc.stream_unary_rpc_method_handler(
-                self._client_stream(handler.stream_unary, name, token),
+                self._client_stream(handler.stream_unary, name, token, call),
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
@@ -246,14 +250,16 @@ class Guard(grpc.aio.ServerInterceptor):
             try:
                 if token is None:
                     raise missing_token()
-                await self.authenticate(token, peer.client_subject(context))
+                principal = await self.authenticate(token, peer.client_subject(context))
+                calls.identify(principal.tenant_id, principal.principal_id)
             except LedgerError as refused:
-                return status.to_status(refused)
+                return _answer(refused, state)
             except Exception:  # the original error is reported below
                 log.exception("authenticating after a failure in %s", name)
         if isinstance(error, LedgerError):
-            return status.to_status(error)
+            return _answer(error, state)
         log.error("unhandled error in %s", name, exc_info=error)
+        state.code, state.reason = grpc.StatusCode.INTERNAL.name, "INTERNAL"
         return status.internal_status()
 
     def _deadline(self, context: grpc.aio.ServicerContext, cap: float | None = None) -> float | None:
@@ -270,13 +276,25 @@ class Guard(grpc.aio.ServerInterceptor):
     @contextlib.asynccontextmanager
     async def _answering(self, context, token: str | None, state: CallState, name: str):
         """Every failure of the call becomes its status: a domain error through the table,
-        anything else INTERNAL (logged); cancellations and aborts pass through."""
+        anything else INTERNAL (logged); cancellations and aborts pass through. The trailing
+        metadata carries the request id either way; the observer hears how the call ended."""
+        started = time.perf_counter()
+        request_id = ((REQUEST_ID_KEY, state.request_id),)
+        context.set_trailing_metadata(request_id)
         try:
             yield
-        except (asyncio.CancelledError, grpc.aio.AbortError):
+        except (asyncio.CancelledError, GeneratorExit):
+            state.code = grpc.StatusCode.CANCELLED.name
+            raise
+        except grpc.aio.AbortError:
+            if state.code == "OK":  # an abort that did not go through _StreamContext
+                state.code = grpc.StatusCode.UNKNOWN.name
             raise
         except Exception as error:  # noqa: BLE001 - mapped by _refusal
-            await context.abort_with_status(await self._refusal(error, token, state, name, context))
+            answer = await self._refusal(error, token, state, name, context)
+            await context.abort(answer.code, answer.details, (*answer.trailing_metadata, *request_id))
+        finally:
+            self.observer.finish(state, time.perf_counter() - started)
 
     @staticmethod
     async def _within(awaitable, seconds: float | None, what: str):
@@ -289,26 +307,27 @@ class Guard(grpc.aio.ServerInterceptor):
         except TimeoutError:
             raise DeadlineExceeded(f"{what} did not finish within {seconds} s") from None
 
-    def _unary(self, inner, name: str, token: str | None):
+    def _unary(self, inner, name: str, token: str | None, call: tuple[str, str]):
         async def guarded(request, context):
-            state = _begin(name)
+            state = _begin(name, call)
             async with self._answering(context, token, state, name):
                 if token is None:
                     raise missing_token()
                 with self._admitted(token):
                     response = await self._within(inner(request, context), self._deadline(context), name)
                 faults.crash_point("after_commit")
+                state.response = response
                 return response
 
         return guarded
 
-    def _server_stream(self, inner, method: str, token: str | None):
+    def _server_stream(self, inner, method: str, token: str | None, call: tuple[str, str]):
         name = method.rsplit("/", 1)[-1]
         resumable = method in RESUMABLE_STREAMS
         lifetime = self.limits.stream_lifetime_max_seconds
 
         async def guarded(request, context):
-            state = _begin(name)
+            state = _begin(name, call)
             responses: AsyncIterator[Any] | None = None
             async with self._answering(context, token, state, name):
                 try:
@@ -318,7 +337,7 @@ class Guard(grpc.aio.ServerInterceptor):
                             seconds = lifetime if resumable else self._deadline(context, lifetime)
                             loop = asyncio.get_running_loop()
                             ends_at = None if seconds is None else loop.time() + seconds
-                            responses = inner(request, context).__aiter__()
+                            responses = inner(request, _StreamContext(context, state)).__aiter__()
                             while True:
                                 left = None if ends_at is None else ends_at - loop.time()
                                 if left is not None and left <= 0:
@@ -343,28 +362,66 @@ class Guard(grpc.aio.ServerInterceptor):
 
         return guarded
 
-    def _client_stream(self, inner, name: str, token: str | None):
+    def _client_stream(self, inner, name: str, token: str | None, call: tuple[str, str]):
         lifetime = self.limits.stream_lifetime_max_seconds
 
         async def guarded(request_iterator, context):
-            state = _begin(name)
+            state = _begin(name, call)
             async with self._answering(context, token, state, name):
                 with self._admitted(token):
                     # Before a single request message is read.
                     principal = await self._stream_principal(token, context)
                     with self._stream_slot(principal):
                         seconds = self._deadline(context, lifetime)
-                        return await self._within(inner(request_iterator, context), seconds, name)
+                        streamed = inner(request_iterator, _StreamContext(context, state))
+                        return await self._within(streamed, seconds, name)
 
         return guarded
 
 
-def _begin(name: str) -> CallState:
-    """A new call: its method name for the fault points, and its state, in this task's context."""
+def _begin(name: str, call: tuple[str, str]) -> CallState:
+    """A new call: its method name for the fault points, and its state (full method name,
+    request id), in this task's context."""
     faults.current_method.set(name)
-    state = CallState()
-    _current.set(state)
+    state = CallState(method=call[0], request_id=call[1])
+    if tracing.enabled():
+        state.trace_id = tracing.annotate_call(state.request_id)
+    calls.current.set(state)
     return state
+
+
+def _answer(error: LedgerError, state: CallState) -> grpc.Status:
+    """``error``'s status, noted in the call's state; an UNAVAILABLE one is logged with its
+    cause (which the client is never told)."""
+    answer = status.to_status(error)
+    state.code, state.reason = answer.code.name, error.reason
+    if isinstance(error, Unavailable):
+        failures.warning(
+            "call failed", method=state.method, reason=error.reason, error=error.message, cause=logs.cause_of(error)
+        )
+    return answer
+
+
+class _StreamContext:
+    """A stream's servicer context: its own aborts (``abort_with_status``) keep the request id
+    in the trailing metadata and tell the guard how the call ended."""
+
+    def __init__(self, context: Any, state: CallState) -> None:
+        self._context = context
+        self._state = state
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(self._context, attribute)
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()) -> None:
+        if self._state.code == "OK":
+            self._state.code = code.name
+        request_id = ((REQUEST_ID_KEY, self._state.request_id),)
+        await self._context.abort(code, details, (*tuple(trailing_metadata or ()), *request_id))
+
+    async def abort_with_status(self, answer: grpc.Status) -> None:
+        self._state.code, self._state.reason = answer.code.name, status.reason_of(answer)
+        await self.abort(answer.code, answer.details, answer.trailing_metadata)
 
 
 def _refusing_stream_stream(handler):

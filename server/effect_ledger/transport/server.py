@@ -21,6 +21,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from effect_ledger.config import ServerSettings
+from effect_ledger.observability import metrics as observed_metrics
+from effect_ledger.observability import tracing
+from effect_ledger.observability.observer import Observer
+from effect_ledger.observability.policy import observed
 from effect_ledger.policy.engine import PolicyEngine
 from effect_ledger.service import argument_checks
 from effect_ledger.service.approvals import ApprovalSettings
@@ -87,6 +91,7 @@ class RunningServer:
     policy: PolicyEngine
     health: health.aio.HealthServicer
     tasks: list[asyncio.Task] = field(default_factory=list)
+    metrics_endpoint: observed_metrics.MetricsEndpoint | None = None
 
     async def stop(self, grace_seconds: float) -> None:
         await self.health.enter_graceful_shutdown()
@@ -96,6 +101,8 @@ class RunningServer:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self.server.stop(grace_seconds)
+        if self.metrics_endpoint is not None:
+            self.metrics_endpoint.close()
         argument_checks.CHECKER.close()
         await self.policy.close()
         await self.database.dispose()
@@ -125,6 +132,7 @@ async def _lease_sweeper(database: Database, interval: float, batch: int) -> Non
     while True:
         await asyncio.sleep(interval)
         try:
+
             async def find(unit):
                 return await repo.expired_lease_effects(unit.connection, await database_now(unit.connection), batch)
 
@@ -161,13 +169,22 @@ async def start_server(
     *,
     reuse_port: bool = False,
     sweep_leases: bool = True,
+    serve_metrics: bool = True,
 ) -> RunningServer:
     """Serve on ``settings.listen``. ``reuse_port``: share the port with sibling worker processes
     (SO_REUSEPORT; off for a lone server, so a second server on a taken port fails to start).
     ``sweep_leases``: run the lease sweeper and the statistics keeper here (one worker per host
-    does, see workers.py)."""
+    does, see workers.py), and the sampler of the ledger's gauges. ``serve_metrics``: serve
+    ``settings.metrics_listen`` here (a worker does not: its supervisor serves every worker's)."""
     limits = settings.limits
     credentials = server_credentials(settings)  # first: a bad TLS file stops the start at once
+    metrics = observed_metrics.Metrics() if settings.metrics_listen else None
+    endpoint = None
+    if metrics is not None:
+        metrics.watch_pool(database.engine.sync_engine)
+        if serve_metrics:
+            endpoint = observed_metrics.serve_endpoint(settings.metrics_listen, metrics)
+    policy = observed(policy, metrics)
     approval_settings = ApprovalSettings(
         ttl_seconds_default=settings.approval_ttl_seconds_default,
         ttl_seconds_max=settings.approval_ttl_seconds_max,
@@ -175,9 +192,17 @@ async def start_server(
         open_requests_per_tenant_max=limits.open_approval_requests_per_tenant_max,
     )
     app = Application(database, Gate(policy, limits, approval_settings, settings.reconcile_grace_seconds), limits)
-    guard = Guard(settings.default_deadline_seconds, settings.maximum_concurrent_rpcs, limits, app.authenticate)
+    guard = Guard(
+        settings.default_deadline_seconds,
+        settings.maximum_concurrent_rpcs,
+        limits,
+        app.authenticate,
+        observer=Observer(metrics),
+    )
+    # The tracing interceptor, when on, is outside the guard: the guard's work is in the RPC's span.
+    tracer = tracing.server_interceptor()
     server = grpc.aio.server(
-        interceptors=[guard],
+        interceptors=[guard] if tracer is None else [tracer, guard],
         # The guard admits maximum_concurrent_rpcs calls; gRPC's own cap sits above it, so that
         # health checks (never counted by the guard) are still answered when the guard is full.
         maximum_concurrent_rpcs=settings.maximum_concurrent_rpcs + HEALTH_RESERVE_RPCS,
@@ -205,12 +230,10 @@ async def start_server(
     gate_pb2_grpc.add_GateServicer_to_server(GateServicer(app), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
+    reflection.enable_server_reflection((*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     port = _bind(server, settings.listen, credentials, reuse_port)
     await server.start()
-    running = RunningServer(server, port, database, policy, health_servicer)
+    running = RunningServer(server, port, database, policy, health_servicer, metrics_endpoint=endpoint)
     running.tasks.append(asyncio.create_task(approvals_servicer.feed.run()))  # wakes WatchApprovals streams
     running.tasks.append(
         asyncio.create_task(_health_monitor(database, health_servicer, settings.health_check_interval_seconds))
@@ -221,9 +244,13 @@ async def start_server(
                 _lease_sweeper(database, settings.lease_sweep_interval_seconds, limits.lease_sweep_batch_max)
             )
         )
-        running.tasks.append(
-            asyncio.create_task(_statistics_keeper(database, settings.statistics_interval_seconds))
-        )
+        running.tasks.append(asyncio.create_task(_statistics_keeper(database, settings.statistics_interval_seconds)))
+        if metrics is not None:
+            running.tasks.append(
+                asyncio.create_task(
+                    observed_metrics.sample_ledger(database, metrics, settings.metrics_sample_interval_seconds)
+                )
+            )
     host = settings.listen.rsplit(":", 1)[0]
     log.info("effect-ledger serving on %s:%d (%s)", host, port, transport_security(settings))
     if settings.port_file:
@@ -323,8 +350,11 @@ def server_credentials(settings: ServerSettings) -> grpc.ServerCredentials | Non
     chain = _load_certificates(chain_pem, certificate, "--tls-cert")
     _check_key_matches(key_pem, key, chain[0])
     if chain[0].not_valid_after_utc < datetime.now(UTC):
-        log.warning("the TLS certificate %s expired at %s: clients will refuse it", certificate,
-                    chain[0].not_valid_after_utc.isoformat())
+        log.warning(
+            "the TLS certificate %s expired at %s: clients will refuse it",
+            certificate,
+            chain[0].not_valid_after_utc.isoformat(),
+        )
     client_ca_pem = None
     if client_ca:
         client_ca_pem = _read_tls_file(client_ca, "--tls-client-ca")

@@ -75,11 +75,7 @@ def _details(error: errors.LedgerError) -> list[any_pb2.Any]:
         )
     if isinstance(error, errors.NotFound):
         details.append(
-            _pack(
-                error_details_pb2.ResourceInfo(
-                    resource_type=error.resource_type, resource_name=error.resource_name
-                )
-            )
+            _pack(error_details_pb2.ResourceInfo(resource_type=error.resource_type, resource_name=error.resource_name))
         )
     if isinstance(error, errors.ResourceExhausted):
         details.append(
@@ -120,3 +116,16 @@ def internal_status() -> grpc.Status:
             details=[_pack(error_details_pb2.ErrorInfo(reason="INTERNAL", domain=ERROR_DOMAIN))],
         )
     )
+
+
+def reason_of(answer: grpc.Status) -> str:
+    """The ErrorInfo reason a status carries; "" when it carries none."""
+    for key, value in answer.trailing_metadata or ():
+        if key == "grpc-status-details-bin":
+            carried = status_pb2.Status.FromString(value)
+            for detail in carried.details:
+                if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                    info = error_details_pb2.ErrorInfo()
+                    detail.Unpack(info)
+                    return info.reason
+    return ""

@@ -31,7 +31,12 @@ that accepted it, so a health check answers for the worker it reached.
   when it exits again after RESTARTS_MAX restarts in that window, the supervisor stops every
   worker and exits 1 (a crash loop is for the service manager to see). A worker that cannot start at all
   (bad configuration, a port taken) makes the supervisor stop the others and exit 1 at once.
-- The lease sweeper runs in worker 0 only, and in its replacement: one sweeper per host.
+- The lease sweeper runs in worker 0 only, and in its replacement: one sweeper per host. So
+  does the sampler of the ledger's gauges (``--metrics-listen``).
+- Metrics (``--metrics-listen``): the supervisor makes a folder, names it to its workers in
+  PROMETHEUS_MULTIPROC_DIR, and serves the endpoint, which adds up what the workers wrote there
+  (prometheus-client's multiprocess mode); a worker that exits is marked dead there, so its
+  gauges stop counting (its counters keep what they counted). The folder is removed on exit.
 """
 
 from __future__ import annotations
@@ -129,10 +134,17 @@ class Worker:
 
 class Supervisor:
     def __init__(
-        self, command: WorkerCommand, count: int, listen: str, port_file: str, grace_seconds: float
+        self,
+        command: WorkerCommand,
+        count: int,
+        listen: str,
+        port_file: str,
+        grace_seconds: float,
+        metrics_folder: str | None = None,
     ) -> None:
         assert 1 < count <= WORKERS_MAX
         self.command = command
+        self.metrics_folder = metrics_folder
         self.count = count
         self.listen = listen
         self.port_file = port_file
@@ -244,26 +256,39 @@ class Supervisor:
             worker = self.workers[index]
             await worker.process.wait()
             worker.channel.close()
+            self._forget_metrics(worker)
             if self.stopping:
                 return
             delay = self._restart_delay(index)
             if delay is None:
                 log.error(
                     "worker %d (pid %d) exited with %s after %d restarts within %g s: giving up",
-                    index, worker.process.pid, describe_exit(worker.process.returncode),
-                    RESTARTS_MAX, RESTART_WINDOW_SECONDS,
+                    index,
+                    worker.process.pid,
+                    describe_exit(worker.process.returncode),
+                    RESTARTS_MAX,
+                    RESTART_WINDOW_SECONDS,
                 )
                 self.gave_up.set()
                 return
             log.warning(
                 "worker %d (pid %d) exited with %s; starting another in %.1f s",
-                index, worker.process.pid, describe_exit(worker.process.returncode), delay,
+                index,
+                worker.process.pid,
+                describe_exit(worker.process.returncode),
+                delay,
             )
             await asyncio.sleep(delay)
             try:
                 await self._serve(await self._spawn(index), address)
             except WorkerFailed as error:  # counted as one more exit on the next pass
                 log.error("%s", error)
+
+    def _forget_metrics(self, worker: Worker) -> None:
+        if self.metrics_folder is not None:
+            from effect_ledger.observability.metrics import worker_exited
+
+            worker_exited(self.metrics_folder, worker.process.pid)
 
     def _restart_delay(self, index: int) -> float | None:
         """None when worker ``index`` was restarted RESTARTS_MAX times within the window."""
@@ -332,13 +357,21 @@ async def _read_line(channel: socket.socket) -> str:
     return data.decode("utf-8", errors="replace").strip()
 
 
-def supervise(command: WorkerCommand, count: int, listen: str, port_file: str, grace_seconds: float) -> int:
-    """Run ``count`` workers until SIGTERM or SIGINT; the process's exit status."""
+def supervise(
+    command: WorkerCommand, count: int, listen: str, port_file: str, grace_seconds: float, metrics_listen: str = ""
+) -> int:
+    """Run ``count`` workers until SIGTERM or SIGINT; the process's exit status. With
+    ``metrics_listen``, serve the workers' metrics there."""
 
-    async def main() -> int:
-        return await Supervisor(command, count, listen, port_file, grace_seconds).run()
+    async def main(metrics_folder: str | None) -> int:
+        return await Supervisor(command, count, listen, port_file, grace_seconds, metrics_folder).run()
 
-    return asyncio.run(main())
+    if not metrics_listen:
+        return asyncio.run(main(None))
+    from effect_ledger.observability.metrics import supervisor_endpoint
+
+    with supervisor_endpoint(metrics_listen) as folder:
+        return asyncio.run(main(folder))
 
 
 # --- in a worker ---------------------------------------------------------------------------
@@ -361,7 +394,9 @@ async def serve_worker(
     if not listen:
         raise SystemExit("the supervisor went away before naming an address to listen on")
     settings = dataclasses.replace(settings, listen=listen)
-    running = await start_server(settings, database, policy, reuse_port=True, sweep_leases=index == 0)
+    running = await start_server(
+        settings, database, policy, reuse_port=True, sweep_leases=index == 0, serve_metrics=False
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -372,7 +407,10 @@ async def serve_worker(
     loop.add_reader(channel, _on_supervisor_readable, channel, stop)
     log.info(
         "worker %d (pid %d) serving on port %d%s",
-        index, os.getpid(), running.port, ", running the lease sweeper" if index == 0 else "",
+        index,
+        os.getpid(),
+        running.port,
+        ", running the lease sweeper" if index == 0 else "",
     )
     await stop.wait()
     loop.remove_reader(channel)
