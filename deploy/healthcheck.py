@@ -1,6 +1,9 @@
 """The image's HEALTHCHECK: grpc.health.v1 Check of the whole server (service "").
 
-Exits 0 when the server answers SERVING, 1 otherwise. It connects to 127.0.0.1:50051 (the
+Exits 0 when the server answers SERVING, 1 otherwise. With ``--any-status`` it exits 0 on any
+answer of the health service, NOT_SERVING included: the process is up and its event loop
+answers, whether or not its database does (a liveness check, which must not restart a server
+because PostgreSQL is away; deploy/k8s uses it so). It connects to 127.0.0.1:50051 (the
 default listen port) the way the server listens: plaintext without EFFECT_LEDGER_TLS_CERT,
 otherwise TLS, trusting the CA in HEALTHCHECK_TLS_CA and checking that the server's
 certificate names HEALTHCHECK_TLS_SERVER_NAME (default localhost). When the server requires
@@ -41,7 +44,8 @@ def channel() -> grpc.Channel:
     return grpc.secure_channel(TARGET, credentials, options=options)
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
+    any_status = "--any-status" in argv
     try:
         with channel() as connection:
             response = health_pb2_grpc.HealthStub(connection).Check(
@@ -55,8 +59,8 @@ def main() -> int:
         return 1
     name = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
     print(f"healthcheck: {name}")
-    return 0 if response.status == health_pb2.HealthCheckResponse.SERVING else 1
+    return 0 if any_status or response.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

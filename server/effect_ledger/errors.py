@@ -19,6 +19,8 @@ holds the one table that maps each class to a gRPC status code and its error det
     └── DeadlineExceeded                                      DEADLINE_EXCEEDED
 
 Anything else that escapes a handler becomes INTERNAL with a generic message and a logged trace.
+Every reason code, with the class it is raised as and what a caller should do, is listed in
+``reasons.py`` (docs/errors.md is generated from it).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import grpc
 from effect_ledger.config import Limits
 from effect_ledger.domain.contracts import REFUSED_CHARACTERS, check_text
 from effect_ledger.domain.lifecycle import Report, ReportKind
-from effect_ledger.domain.model import RECONCILING_ROLES, Principal, Role
+from effect_ledger.domain.model import Principal, Role
 from effect_ledger.domain.tokens import check_certificate_binding, token_hash
 from effect_ledger.errors import InvalidArgument, PermissionDenied, Unauthenticated
 from effect_ledger.service import authorize_fast, queries, replay, reports_fast, runs, tools
@@ -21,7 +21,7 @@ from effect_ledger.service.authorize import AuthorizeRequest, validate_authorize
 from effect_ledger.service.gate import Gate
 from effect_ledger.storage import repository as repo
 from effect_ledger.storage.engine import Database, UnitOfWork
-from effect_ledger.transport import guard, mapping, peer
+from effect_ledger.transport import guard, mapping, peer, roles
 from effectledger.v1 import (
     gate_pb2,
     gate_pb2_grpc,
@@ -32,16 +32,6 @@ from effectledger.v1 import (
 )
 
 T = TypeVar("T")
-
-EVERY_ROLE = frozenset(Role)
-AGENTS = frozenset({Role.AGENT})
-AGENTS_AND_ADMINS = frozenset({Role.AGENT, Role.ADMIN})
-# Who may call the RPCs that act on an attempt; whose attempt it may be is the gate's rule
-# (gate_rules.foreign_attempts): agents act on their own, reconciling roles on any.
-ATTEMPT_ACTORS = frozenset({Role.AGENT}) | RECONCILING_ROLES
-ADMINS = frozenset({Role.ADMIN})
-# Everyone who reviews or answers for decisions; not agents (a replay costs a policy evaluation).
-DECISION_REVIEWERS = frozenset({Role.REVIEWER, Role.ADMIN, Role.AUDITOR, Role.OPERATOR})
 
 
 def bearer_token(context: grpc.aio.ServicerContext) -> str:
@@ -142,13 +132,17 @@ class ToolRegistryServicer(tools_pb2_grpc.ToolRegistryServicer):
         proposed = mapping.contract_from_proto(request.contract)
         expected = request.expected_revision if request.HasField("expected_revision") else None
         contract = await self.app.call(
-            context, ADMINS, lambda unit, principal: tools.put_contract(unit, principal, proposed, expected)
+            context,
+            roles.of("ToolRegistry", "PutToolContract"),
+            lambda unit, principal: tools.put_contract(unit, principal, proposed, expected),
         )
         return mapping.contract_to_proto(contract)
 
     async def GetToolContract(self, request, context):
         contract = await self.app.call(
-            context, EVERY_ROLE, lambda unit, principal: tools.get_contract(unit, principal, request.tool, request.revision)
+            context,
+            roles.of("ToolRegistry", "GetToolContract"),
+            lambda unit, principal: tools.get_contract(unit, principal, request.tool, request.revision),
         )
         return mapping.contract_to_proto(contract)
 
@@ -158,7 +152,7 @@ class ToolRegistryServicer(tools_pb2_grpc.ToolRegistryServicer):
         after = decode_token(request.page_token)
         found = await self.app.call(
             context,
-            EVERY_ROLE,
+            roles.of("ToolRegistry", "ListToolContracts"),
             lambda unit, principal: tools.list_contracts(unit, principal, after, size, request.include_retired),
         )
         next_token = encode_token(found[-1].tool) if len(found) == size else ""
@@ -168,7 +162,9 @@ class ToolRegistryServicer(tools_pb2_grpc.ToolRegistryServicer):
 
     async def RetireTool(self, request, context):
         contract = await self.app.call(
-            context, ADMINS, lambda unit, principal: tools.retire_tool(unit, principal, request.tool, request.reason)
+            context,
+            roles.of("ToolRegistry", "RetireTool"),
+            lambda unit, principal: tools.retire_tool(unit, principal, request.tool, request.reason),
         )
         return mapping.contract_to_proto(contract)
 
@@ -181,9 +177,13 @@ class RunsServicer(runs_pb2_grpc.RunsServicer):
         labels = dict(request.labels)
         run = await self.app.call(
             context,
-            AGENTS_AND_ADMINS,
+            roles.of("Runs", "CreateRun"),
             lambda unit, principal: runs.create_run(
-                unit, principal, request.request_id, labels, self.app.limits,
+                unit,
+                principal,
+                request.request_id,
+                labels,
+                self.app.limits,
                 (request.provider, request.model, request.adapter),
             ),
         )
@@ -191,7 +191,9 @@ class RunsServicer(runs_pb2_grpc.RunsServicer):
 
     async def GetRun(self, request, context):
         run = await self.app.call(
-            context, EVERY_ROLE, lambda unit, principal: runs.get_run(unit, principal, request.run_id)
+            context,
+            roles.of("Runs", "GetRun"),
+            lambda unit, principal: runs.get_run(unit, principal, request.run_id),
         )
         return mapping.run_to_proto(run)
 
@@ -200,7 +202,7 @@ class RunsServicer(runs_pb2_grpc.RunsServicer):
         size = self.app.page_size(request.page_size, limits.events_page_size_default, limits.events_page_size_max)
         events = await self.app.call(
             context,
-            EVERY_ROLE,
+            roles.of("Runs", "ListRunEvents"),
             lambda unit, principal: runs.list_events(unit, principal, request.run_id, request.after_revision, size),
         )
         return runs_pb2.ListRunEventsResponse(
@@ -217,10 +219,15 @@ class RunsServicer(runs_pb2_grpc.RunsServicer):
         )
         page = await self.app.call(
             context,
-            EVERY_ROLE,
+            roles.of("Runs", "ListRuns"),
             lambda unit, principal: queries.list_runs(
-                unit, principal, label_key=request.label_key, label_value=request.label_value,
-                created=created, after_id=after, limit=size,
+                unit,
+                principal,
+                label_key=request.label_key,
+                label_value=request.label_value,
+                created=created,
+                after_id=after,
+                limit=size,
             ),
         )
         return runs_pb2.ListRunsResponse(
@@ -250,26 +257,31 @@ class GateServicer(gate_pb2_grpc.GateServicer):
                 result = await self.app.call_driver(
                     context,
                     lambda driver, hashed, subject: authorize_fast.authorize(
-                        self.gate, driver, hashed, AGENTS, command, arguments, subject
+                        self.gate, driver, hashed, roles.of("Gate", "AuthorizeEffect"), command, arguments, subject
                     ),
                 )
                 return mapping.authorize_response(result)
             except authorize_fast.Fallback:
                 pass  # nothing was written: the general path decides
         result = await self.app.call(
-            context, AGENTS, lambda unit, principal: self.gate.authorize(unit, principal, command, arguments)
+            context,
+            roles.of("Gate", "AuthorizeEffect"),
+            lambda unit, principal: self.gate.authorize(unit, principal, command, arguments),
         )
         return mapping.authorize_response(result)
 
-    async def _fast_report(self, context, attempt_id: str, make_report: Callable[[Any], Report]) -> Any:
-        """PostgreSQL's two-round-trip report; None when the general path must decide."""
+    async def _fast_report(
+        self, context, allowed: frozenset[Role], attempt_id: str, make_report: Callable[[Any], Report]
+    ) -> Any:
+        """PostgreSQL's two-round-trip report by a caller holding one of ``allowed``; None when
+        the general path must decide."""
         if self.app.database.dialect != "postgresql":
             return None
         try:
             return await self.app.call_driver(
                 context,
                 lambda driver, hashed, subject: reports_fast.report(
-                    self.gate, driver, hashed, ATTEMPT_ACTORS, attempt_id, make_report, subject
+                    self.gate, driver, hashed, allowed, attempt_id, make_report, subject
                 ),
             )
         except authorize_fast.Fallback:
@@ -277,10 +289,14 @@ class GateServicer(gate_pb2_grpc.GateServicer):
 
     async def RecordDispatch(self, request, context):
         report = Report(ReportKind.DISPATCHED)
-        result = await self._fast_report(context, request.attempt_id, lambda now: report)
+        result = await self._fast_report(
+            context, roles.of("Gate", "RecordDispatch"), request.attempt_id, lambda now: report
+        )
         if result is None:
             result = await self.app.call(
-                context, ATTEMPT_ACTORS, lambda unit, principal: self.gate.report(unit, principal, request.attempt_id, report)
+                context,
+                roles.of("Gate", "RecordDispatch"),
+                lambda unit, principal: self.gate.report(unit, principal, request.attempt_id, report),
             )
         return mapping.attempt_response(result)
 
@@ -291,30 +307,39 @@ class GateServicer(gate_pb2_grpc.GateServicer):
                 result = await self.app.call_driver(
                     context,
                     lambda driver, hashed, subject: reports_fast.renew_lease(
-                        self.gate, driver, hashed, ATTEMPT_ACTORS, request.attempt_id, subject
+                        self.gate, driver, hashed, roles.of("Gate", "RenewLease"), request.attempt_id, subject
                     ),
                 )
             except authorize_fast.Fallback:
                 result = None
         if result is None:
             result = await self.app.call(
-                context, ATTEMPT_ACTORS, lambda unit, principal: self.gate.renew_lease(unit, principal, request.attempt_id)
+                context,
+                roles.of("Gate", "RenewLease"),
+                lambda unit, principal: self.gate.renew_lease(unit, principal, request.attempt_id),
             )
         return mapping.attempt_response(result)
 
     async def RecordOutcome(self, request, context):
         which = request.WhichOneof("outcome")
         if which is None:
-            raise InvalidArgument.field("outcome", "one of succeeded, failed, unknown is required", reason="FIELD_REQUIRED")
+            raise InvalidArgument.field(
+                "outcome", "one of succeeded, failed, unknown is required", reason="FIELD_REQUIRED"
+            )
 
-        result = await self._fast_report(context, request.attempt_id, lambda now: self._report(request, which, now))
+        result = await self._fast_report(
+            context,
+            roles.of("Gate", "RecordOutcome"),
+            request.attempt_id,
+            lambda now: self._report(request, which, now),
+        )
         if result is not None:
             return mapping.attempt_response(result)
 
         async def work(unit: UnitOfWork, principal: Principal):
             return await self.gate.report(unit, principal, request.attempt_id, self._report(request, which, unit.now))
 
-        return mapping.attempt_response(await self.app.call(context, ATTEMPT_ACTORS, work))
+        return mapping.attempt_response(await self.app.call(context, roles.of("Gate", "RecordOutcome"), work))
 
     def _report(self, request, which: str, now: Any) -> Report:
         if which == "succeeded":
@@ -340,10 +365,14 @@ class GateServicer(gate_pb2_grpc.GateServicer):
 
     async def ReleaseAttempt(self, request, context):
         report = Report(ReportKind.RELEASED, reason=check_text(request.reason, "reason", required=False, lines=True))
-        result = await self._fast_report(context, request.attempt_id, lambda now: report)
+        result = await self._fast_report(
+            context, roles.of("Gate", "ReleaseAttempt"), request.attempt_id, lambda now: report
+        )
         if result is None:
             result = await self.app.call(
-                context, ATTEMPT_ACTORS, lambda unit, principal: self.gate.report(unit, principal, request.attempt_id, report)
+                context,
+                roles.of("Gate", "ReleaseAttempt"),
+                lambda unit, principal: self.gate.report(unit, principal, request.attempt_id, report),
             )
         return mapping.attempt_response(result)
 
@@ -358,22 +387,30 @@ class GateServicer(gate_pb2_grpc.GateServicer):
             lookup = None
             if which == "receipt":
                 receipt = parse_receipt(
-                    request.receipt.provider_reference, request.receipt.detail_json, unit.now, self.app.limits, "receipt"
+                    request.receipt.provider_reference,
+                    request.receipt.detail_json,
+                    unit.now,
+                    self.app.limits,
+                    "receipt",
                 )
             else:
                 reason = check_text(request.not_happened.reason, "not_happened.reason", required=True, lines=True)
                 lookup = parse_lookup(
-                    request.not_happened.lookup_reference, request.not_happened.lookup_result_json,
-                    self.app.limits, "not_happened",
+                    request.not_happened.lookup_reference,
+                    request.not_happened.lookup_result_json,
+                    self.app.limits,
+                    "not_happened",
                 )
             return await self.gate.reconcile(unit, principal, request.effect_id, receipt, reason, lookup)
 
-        effect = await self.app.call(context, ATTEMPT_ACTORS, work)
+        effect = await self.app.call(context, roles.of("Gate", "ReconcileEffect"), work)
         return mapping.effect_to_proto(effect)
 
     async def GetEffect(self, request, context):
         effect = await self.app.call(
-            context, EVERY_ROLE, lambda unit, principal: self.gate.get_effect(unit, principal, request.effect_id)
+            context,
+            roles.of("Gate", "GetEffect"),
+            lambda unit, principal: self.gate.get_effect(unit, principal, request.effect_id),
         )
         return mapping.effect_to_proto(effect)
 
@@ -383,7 +420,7 @@ class GateServicer(gate_pb2_grpc.GateServicer):
         after = decode_token(request.page_token)
         found = await self.app.call(
             context,
-            EVERY_ROLE,
+            roles.of("Gate", "ListOpenEffects"),
             lambda unit, principal: self.gate.list_open_effects(unit, principal, request.run_id, after, size),
         )
         return gate_pb2.ListOpenEffectsResponse(
@@ -393,15 +430,19 @@ class GateServicer(gate_pb2_grpc.GateServicer):
 
     async def GetDecision(self, request, context):
         decision = await self.app.call(
-            context, EVERY_ROLE, lambda unit, principal: self.gate.get_decision(unit, principal, request.decision_id)
+            context,
+            roles.of("Gate", "GetDecision"),
+            lambda unit, principal: self.gate.get_decision(unit, principal, request.decision_id),
         )
         return mapping.decision_to_proto(decision)
 
     async def ReplayDecision(self, request, context):
         found = await self.app.call(
             context,
-            DECISION_REVIEWERS,
-            lambda unit, principal: replay.replay_decision(unit, principal, self.gate, self.gate.policy, request.decision_id),
+            roles.of("Gate", "ReplayDecision"),
+            lambda unit, principal: replay.replay_decision(
+                unit, principal, self.gate, self.gate.policy, request.decision_id
+            ),
         )
         return mapping.replay_to_proto(found)
 
@@ -415,10 +456,17 @@ class GateServicer(gate_pb2_grpc.GateServicer):
         )
         page = await self.app.call(
             context,
-            EVERY_ROLE,
+            roles.of("Gate", "ListEffects"),
             lambda unit, principal: queries.list_effects(
-                unit, principal, stages=stages, tool=request.tool, run_id=request.run_id, target=request.target,
-                created=created, after_id=after, limit=size,
+                unit,
+                principal,
+                stages=stages,
+                tool=request.tool,
+                run_id=request.run_id,
+                target=request.target,
+                created=created,
+                after_id=after,
+                limit=size,
             ),
         )
         return gate_pb2.ListEffectsResponse(
@@ -433,10 +481,16 @@ class GateServicer(gate_pb2_grpc.GateServicer):
         outcome = mapping.outcome_filter(request.outcome)
         page = await self.app.call(
             context,
-            EVERY_ROLE,
+            roles.of("Gate", "ListDecisions"),
             lambda unit, principal: queries.list_decisions(
-                unit, principal, outcome=outcome, reason_code=request.reason, run_id=request.run_id,
-                tool=request.tool, after_id=after, limit=size,
+                unit,
+                principal,
+                outcome=outcome,
+                reason_code=request.reason,
+                run_id=request.run_id,
+                tool=request.tool,
+                after_id=after,
+                limit=size,
             ),
         )
         return gate_pb2.ListDecisionsResponse(

@@ -7,27 +7,15 @@ from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from effect_ledger.domain.approvals import DECIDING_ROLES
 from effect_ledger.domain.budgets import Scope
-from effect_ledger.domain.model import Role
 from effect_ledger.errors import InvalidArgument, LedgerError
 from effect_ledger.service import approvals, budgets, queries
 from effect_ledger.service.approvals import ApprovalRequest, ApprovalSettings
 from effect_ledger.storage.notifications import FeedWakeups
-from effect_ledger.transport import mapping, status
-from effect_ledger.transport.servicers import (
-    ADMINS,
-    AGENTS,
-    AGENTS_AND_ADMINS,
-    EVERY_ROLE,
-    Application,
-    decode_token,
-    encode_token,
-)
+from effect_ledger.transport import mapping, roles, status
+from effect_ledger.transport.servicers import Application, decode_token, encode_token
 from effectledger.v1 import approvals_pb2, approvals_pb2_grpc, budgets_pb2, budgets_pb2_grpc
 
-DECIDERS = frozenset(DECIDING_ROLES)
-REVOKERS = frozenset({Role.REVIEWER, Role.ADMIN, Role.AGENT})
 WATCH_BATCH_MAX = 100
 
 
@@ -50,15 +38,17 @@ class ApprovalsServicer(approvals_pb2_grpc.ApprovalsServicer):
         )
 
         async def work(unit, principal):
-            return mapping.approval_to_proto(await approvals.request_approval(unit, principal, command, self.settings), unit.now)
+            return mapping.approval_to_proto(
+                await approvals.request_approval(unit, principal, command, self.settings), unit.now
+            )
 
-        return await self.app.call(context, AGENTS, work)
+        return await self.app.call(context, roles.of("Approvals", "RequestApproval"), work)
 
     async def GetApproval(self, request, context):
         async def work(unit, principal):
             return mapping.approval_to_proto(await approvals.get(unit, principal, request.approval_id), unit.now)
 
-        return await self.app.call(context, EVERY_ROLE, work)
+        return await self.app.call(context, roles.of("Approvals", "GetApproval"), work)
 
     async def ListApprovals(self, request, context):
         limits = self.app.limits
@@ -75,21 +65,21 @@ class ApprovalsServicer(approvals_pb2_grpc.ApprovalsServicer):
                 next_page_token=encode_token(found[-1].approval_id) if len(found) == size else "",
             )
 
-        return await self.app.call(context, EVERY_ROLE, work)
+        return await self.app.call(context, roles.of("Approvals", "ListApprovals"), work)
 
     async def DecideApproval(self, request, context):
         async def work(unit, principal):
             decided = await approvals.decide(unit, principal, request.approval_id, request.approve, request.comment)
             return mapping.approval_to_proto(decided, unit.now)
 
-        return await self.app.call(context, DECIDERS, work)
+        return await self.app.call(context, roles.of("Approvals", "DecideApproval"), work)
 
     async def RevokeApproval(self, request, context):
         async def work(unit, principal):
             revoked = await approvals.revoke(unit, principal, request.approval_id, request.reason)
             return mapping.approval_to_proto(revoked, unit.now)
 
-        return await self.app.call(context, REVOKERS, work)
+        return await self.app.call(context, roles.of("Approvals", "RevokeApproval"), work)
 
     async def WatchApprovals(self, request, context):
         """Every approval event after the cursor, in order; then new ones as they commit.
@@ -119,7 +109,9 @@ class ApprovalsServicer(approvals_pb2_grpc.ApprovalsServicer):
     async def _read(self, context, request, cursor: int):
         try:
             return await self.app.call(
-                context, EVERY_ROLE, lambda unit, principal: self._batch(unit, principal, cursor, request)
+                context,
+                roles.of("Approvals", "WatchApprovals"),
+                lambda unit, principal: self._batch(unit, principal, cursor, request),
             )
         except LedgerError as error:
             await context.abort_with_status(status.to_status(error))
@@ -176,7 +168,7 @@ class BudgetsServicer(budgets_pb2_grpc.BudgetsServicer):
             )
             return mapping.budget_to_proto(budget)
 
-        return await self.app.call(context, ADMINS, work)
+        return await self.app.call(context, roles.of("Budgets", "PutBudget"), work)
 
     async def GetBudget(self, request, context):
         scope = mapping.scope_from_proto(request.scope)
@@ -188,7 +180,7 @@ class BudgetsServicer(budgets_pb2_grpc.BudgetsServicer):
                 open_reservations=[mapping.reservation_to_proto(r) for r in open_reservations],
             )
 
-        return await self.app.call(context, EVERY_ROLE, work)
+        return await self.app.call(context, roles.of("Budgets", "GetBudget"), work)
 
     async def RecordUsage(self, request, context):
         report = budgets.UsageReport(
@@ -206,8 +198,7 @@ class BudgetsServicer(budgets_pb2_grpc.BudgetsServicer):
                 usage_id=usage_id, budgets=[mapping.budget_to_proto(b) for b in applicable]
             )
 
-        return await self.app.call(context, AGENTS_AND_ADMINS, work)
-
+        return await self.app.call(context, roles.of("Budgets", "RecordUsage"), work)
 
     async def ListBudgets(self, request, context):
         limits = self.app.limits
@@ -216,10 +207,16 @@ class BudgetsServicer(budgets_pb2_grpc.BudgetsServicer):
         scope = mapping.scope_filter(request.scope)
         page = await self.app.call(
             context,
-            EVERY_ROLE,
+            roles.of("Budgets", "ListBudgets"),
             lambda unit, principal: queries.list_budgets(
-                unit, principal, scope=scope, scope_id=request.scope_id, dimension=request.dimension,
-                exhausted_only=request.exhausted_only, after_id=after, limit=size,
+                unit,
+                principal,
+                scope=scope,
+                scope_id=request.scope_id,
+                dimension=request.dimension,
+                exhausted_only=request.exhausted_only,
+                after_id=after,
+                limit=size,
             ),
         )
         return budgets_pb2.ListBudgetsResponse(

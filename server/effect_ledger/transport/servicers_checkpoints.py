@@ -8,24 +8,15 @@ from effect_ledger.domain import checkpoints as rules
 from effect_ledger.domain import signing
 from effect_ledger.domain.canonical import canonical_bytes
 from effect_ledger.domain.checkpoints import ArtifactClass, ArtifactRef, ArtifactStatus, Facts
-from effect_ledger.domain.model import Role
 from effect_ledger.errors import InvalidArgument, LedgerError
 from effect_ledger.policy.engine import PolicyEngine
 from effect_ledger.service import checkpoints
 from effect_ledger.storage.checkpoint_store import ArtifactRow, CheckpointRecord
-from effect_ledger.transport import mapping, status
-from effect_ledger.transport.servicers import (
-    AGENTS,
-    AGENTS_AND_ADMINS,
-    EVERY_ROLE,
-    Application,
-    decode_token,
-    encode_token,
-)
+from effect_ledger.transport import mapping, roles, status
+from effect_ledger.transport.servicers import Application, decode_token, encode_token
 from effectledger.v1 import checkpoints_pb2, checkpoints_pb2_grpc
 
 CHUNK_BYTES = 64 * 1024
-OPERATORS = frozenset({Role.AGENT, Role.ADMIN, Role.REVIEWER})
 
 
 def load_signing_key(path: str) -> signing.KeyPair | None:
@@ -149,20 +140,26 @@ class CheckpointsServicer(checkpoints_pb2_grpc.CheckpointsServicer):
             facts=facts_from_proto(request.facts),
         )
         record = await self.app.call(
-            context, AGENTS_AND_ADMINS, lambda unit, principal: checkpoints.seal(unit, principal, command, self.policy)
+            context,
+            roles.of("Checkpoints", "SealCheckpoint"),
+            lambda unit, principal: checkpoints.seal(unit, principal, command, self.policy),
         )
         return checkpoint_to_proto(record)
 
     async def RegisterCheckpoint(self, request, context):
         facts = facts_from_proto(request.facts) if request.HasField("facts") else None
         record = await self.app.call(
-            context, AGENTS_AND_ADMINS, lambda unit, principal: checkpoints.register(unit, principal, request.checkpoint_id, facts)
+            context,
+            roles.of("Checkpoints", "RegisterCheckpoint"),
+            lambda unit, principal: checkpoints.register(unit, principal, request.checkpoint_id, facts),
         )
         return checkpoint_to_proto(record)
 
     async def GetCheckpoint(self, request, context):
         record = await self.app.call(
-            context, EVERY_ROLE, lambda unit, principal: checkpoints.get(unit, principal, request.checkpoint_id)
+            context,
+            roles.of("Checkpoints", "GetCheckpoint"),
+            lambda unit, principal: checkpoints.get(unit, principal, request.checkpoint_id),
         )
         return checkpoint_to_proto(record)
 
@@ -171,7 +168,9 @@ class CheckpointsServicer(checkpoints_pb2_grpc.CheckpointsServicer):
         size = self.app.page_size(request.page_size, limits.page_size_default, limits.page_size_max)
         after = decode_token(request.page_token)
         found = await self.app.call(
-            context, EVERY_ROLE, lambda unit, principal: checkpoints.list_for_run(unit, principal, request.run_id, after, size)
+            context,
+            roles.of("Checkpoints", "ListCheckpoints"),
+            lambda unit, principal: checkpoints.list_for_run(unit, principal, request.run_id, after, size),
         )
         return checkpoints_pb2.ListCheckpointsResponse(
             checkpoints=[checkpoint_to_proto(r) for r in found],
@@ -181,7 +180,9 @@ class CheckpointsServicer(checkpoints_pb2_grpc.CheckpointsServicer):
     async def CheckResumeCompatibility(self, request, context):
         current = facts_from_proto(request.current)
         verdict = await self.app.call(
-            context, EVERY_ROLE, lambda unit, principal: checkpoints.check(unit, principal, request.checkpoint_id, current)
+            context,
+            roles.of("Checkpoints", "CheckResumeCompatibility"),
+            lambda unit, principal: checkpoints.check(unit, principal, request.checkpoint_id, current),
         )
         return verdict_to_proto(verdict)
 
@@ -190,9 +191,15 @@ class CheckpointsServicer(checkpoints_pb2_grpc.CheckpointsServicer):
         current = facts_from_proto(request.current)
         result = await self.app.call(
             context,
-            AGENTS_AND_ADMINS,
+            roles.of("Checkpoints", "ResumeRun"),
             lambda unit, principal: checkpoints.resume(
-                unit, principal, request.checkpoint_id, configuration, request.reason, current, request.context_manifest_digest
+                unit,
+                principal,
+                request.checkpoint_id,
+                configuration,
+                request.reason,
+                current,
+                request.context_manifest_digest,
             ),
         )
         return checkpoints_pb2.ResumeRunResponse(
@@ -201,8 +208,12 @@ class CheckpointsServicer(checkpoints_pb2_grpc.CheckpointsServicer):
             segment=result.segment,
             open_effects=[
                 checkpoints_pb2.OpenEffect(
-                    effect_id=e.effect_id, tool=e.tool, target=e.target, idempotency_key=e.idempotency_key,
-                    stage=e.stage.value, tool_revision=e.tool_revision,
+                    effect_id=e.effect_id,
+                    tool=e.tool,
+                    target=e.target,
+                    idempotency_key=e.idempotency_key,
+                    stage=e.stage.value,
+                    tool_revision=e.tool_revision,
                 )
                 for e in result.open_effects
             ],
@@ -213,18 +224,19 @@ class CheckpointsServicer(checkpoints_pb2_grpc.CheckpointsServicer):
         world = mapping.enum_value(checkpoints_pb2.World, request.world, "world")
         run_id, parent = await self.app.call(
             context,
-            AGENTS_AND_ADMINS,
+            roles.of("Checkpoints", "ForkRun"),
             lambda unit, principal: checkpoints.fork(unit, principal, request.checkpoint_id, world, request.difference),
         )
         return checkpoints_pb2.ForkRunResponse(run_id=run_id, parent_run_id=parent, world=request.world)
 
     async def ExportCheckpoint(self, request, context):
         try:
+
             async def work(unit, principal):
                 record = await checkpoints.get(unit, principal, request.checkpoint_id)
                 return record, await checkpoints.signing_key(unit, self.keys)
 
-            record, key = await self.app.call(context, EVERY_ROLE, work)
+            record, key = await self.app.call(context, roles.of("Checkpoints", "ExportCheckpoint"), work)
         except LedgerError as error:
             await context.abort_with_status(status.to_status(error))
         data = checkpoints.export_archive(record, key)
@@ -251,15 +263,19 @@ class CheckpointsServicer(checkpoints_pb2_grpc.CheckpointsServicer):
             if len(received) > rules.ARCHIVE_SIZE_MAX_BYTES:
                 await context.abort_with_status(
                     status.to_status(
-                        InvalidArgument.field("archive", f"is larger than {rules.ARCHIVE_SIZE_MAX_BYTES} bytes", reason="ARCHIVE_INVALID")
+                        InvalidArgument.field(
+                            "archive", f"is larger than {rules.ARCHIVE_SIZE_MAX_BYTES} bytes", reason="ARCHIVE_INVALID"
+                        )
                     )
                 )
         data = bytes(received)
         try:
             record = await self.app.call(
-                context, AGENTS_AND_ADMINS, lambda unit, principal: checkpoints.import_archive(
+                context,
+                roles.of("Checkpoints", "ImportCheckpoint"),
+                lambda unit, principal: checkpoints.import_archive(
                     unit, principal, data, self.keys, expected, allow_unsigned
-                )
+                ),
             )
         except LedgerError as error:
             await context.abort_with_status(status.to_status(error))
@@ -267,7 +283,9 @@ class CheckpointsServicer(checkpoints_pb2_grpc.CheckpointsServicer):
 
     async def PutArtifact(self, request, context):
         row = await self.app.call(
-            context, OPERATORS, lambda unit, principal: checkpoints.put_artifact(
+            context,
+            roles.of("Checkpoints", "PutArtifact"),
+            lambda unit, principal: checkpoints.put_artifact(
                 unit, principal, request.content, request.media_type, self.app.limits.artifacts_per_tenant_max
             ),
         )
@@ -276,9 +294,14 @@ class CheckpointsServicer(checkpoints_pb2_grpc.CheckpointsServicer):
     async def DeclareArtifact(self, request, context):
         row = await self.app.call(
             context,
-            OPERATORS,
+            roles.of("Checkpoints", "DeclareArtifact"),
             lambda unit, principal: checkpoints.declare_artifact(
-                unit, principal, request.digest, request.size_bytes, request.media_type, request.location,
+                unit,
+                principal,
+                request.digest,
+                request.size_bytes,
+                request.media_type,
+                request.location,
                 self.app.limits.artifacts_per_tenant_max,
             ),
         )
@@ -286,55 +309,75 @@ class CheckpointsServicer(checkpoints_pb2_grpc.CheckpointsServicer):
 
     async def CompleteArtifact(self, request, context):
         row = await self.app.call(
-            context, OPERATORS,
-            lambda unit, principal: checkpoints.set_artifact_status(unit, principal, request.digest, ArtifactStatus.COMPLETE),
+            context,
+            roles.of("Checkpoints", "CompleteArtifact"),
+            lambda unit, principal: checkpoints.set_artifact_status(
+                unit, principal, request.digest, ArtifactStatus.COMPLETE
+            ),
         )
         return artifact_to_proto(row)
 
     async def DeleteArtifact(self, request, context):
         row = await self.app.call(
-            context, OPERATORS,
-            lambda unit, principal: checkpoints.set_artifact_status(unit, principal, request.digest, ArtifactStatus.TOMBSTONE),
+            context,
+            roles.of("Checkpoints", "DeleteArtifact"),
+            lambda unit, principal: checkpoints.set_artifact_status(
+                unit, principal, request.digest, ArtifactStatus.TOMBSTONE
+            ),
         )
         return artifact_to_proto(row)
 
     async def RecordSnapshot(self, request, context):
         snapshot = await self.app.call(
-            context, AGENTS, lambda unit, principal: checkpoints.record_snapshot(
+            context,
+            roles.of("Checkpoints", "RecordSnapshot"),
+            lambda unit, principal: checkpoints.record_snapshot(
                 unit, principal, request.run_id, request.value_json, self.app.limits.snapshots_per_tenant_max
             ),
         )
         return checkpoints_pb2.Snapshot(
-            snapshot_id=snapshot["snapshot_id"], run_id=snapshot["run_id"],
-            value_json=canonical_bytes(snapshot["value"]), created_at=mapping.timestamp(snapshot["created_at"]),
+            snapshot_id=snapshot["snapshot_id"],
+            run_id=snapshot["run_id"],
+            value_json=canonical_bytes(snapshot["value"]),
+            created_at=mapping.timestamp(snapshot["created_at"]),
         )
 
     async def RecordProviderSession(self, request, context):
-        expires_at = mapping.time_from_proto(request.expires_at, "expires_at") if request.HasField("expires_at") else None
+        expires_at = (
+            mapping.time_from_proto(request.expires_at, "expires_at") if request.HasField("expires_at") else None
+        )
         reference = await self.app.call(
             context,
-            AGENTS,
+            roles.of("Checkpoints", "RecordProviderSession"),
             lambda unit, principal: checkpoints.record_provider_session(
                 unit, principal, request.run_id, request.provider, request.session_id, request.response_id, expires_at
             ),
         )
         return checkpoints_pb2.ProviderSessionRef(
-            reference_id=reference["reference_id"], run_id=reference["run_id"], provider=reference["provider"],
-            session_id=reference["session_id"], response_id=reference["response_id"],
-            expires_at=mapping.timestamp(reference["expires_at"]), observed_at=mapping.timestamp(reference["observed_at"]),
+            reference_id=reference["reference_id"],
+            run_id=reference["run_id"],
+            provider=reference["provider"],
+            session_id=reference["session_id"],
+            response_id=reference["response_id"],
+            expires_at=mapping.timestamp(reference["expires_at"]),
+            observed_at=mapping.timestamp(reference["observed_at"]),
         )
 
     async def RecordExecutionHandle(self, request, context):
         handle = await self.app.call(
-            context, AGENTS,
-            lambda unit, principal: checkpoints.record_execution_handle(unit, principal, request.run_id, request.runtime, request.handle),
+            context,
+            roles.of("Checkpoints", "RecordExecutionHandle"),
+            lambda unit, principal: checkpoints.record_execution_handle(
+                unit, principal, request.run_id, request.runtime, request.handle
+            ),
         )
         return checkpoints_pb2.DurableExecutionHandle(
-            handle_id=handle["handle_id"], run_id=handle["run_id"], runtime=handle["runtime"], handle=handle["handle"],
+            handle_id=handle["handle_id"],
+            run_id=handle["run_id"],
+            runtime=handle["runtime"],
+            handle=handle["handle"],
             created_at=mapping.timestamp(handle["created_at"]),
         )
 
     async def StoreLiveContinuation(self, request, context):
         raise checkpoints.live_continuation_refused()
-
-

@@ -5,14 +5,8 @@ from __future__ import annotations
 from effect_ledger.errors import InvalidArgument
 from effect_ledger.service import principals
 from effect_ledger.storage.principal_store import PrincipalRecord
-from effect_ledger.transport import mapping
-from effect_ledger.transport.servicers import (
-    ADMINS,
-    EVERY_ROLE,
-    Application,
-    decode_token,
-    encode_token,
-)
+from effect_ledger.transport import mapping, roles
+from effect_ledger.transport.servicers import Application, decode_token, encode_token
 from effectledger.v1 import principals_pb2, principals_pb2_grpc
 
 
@@ -37,7 +31,9 @@ class PrincipalsServicer(principals_pb2_grpc.PrincipalsServicer):
         size = self.app.page_size(request.page_size, limits.page_size_default, limits.page_size_max)
         after = decode_token(request.page_token)
         found = await self.app.call(
-            context, EVERY_ROLE, lambda unit, caller: principals.list_principals(unit, caller, after, size)
+            context,
+            roles.of("Principals", "ListPrincipals"),
+            lambda unit, caller: principals.list_principals(unit, caller, after, size),
         )
         return principals_pb2.ListPrincipalsResponse(
             principals=[principal_to_proto(record) for record in found],
@@ -46,20 +42,26 @@ class PrincipalsServicer(principals_pb2_grpc.PrincipalsServicer):
 
     async def DisablePrincipal(self, request, context):
         record = await self.app.call(
-            context, ADMINS, lambda unit, caller: principals.disable(unit, caller, request.principal_id)
+            context,
+            roles.of("Principals", "DisablePrincipal"),
+            lambda unit, caller: principals.disable(unit, caller, request.principal_id),
         )
         return principal_to_proto(record)
 
     async def EnablePrincipal(self, request, context):
         record = await self.app.call(
-            context, ADMINS, lambda unit, caller: principals.enable(unit, caller, request.principal_id)
+            context,
+            roles.of("Principals", "EnablePrincipal"),
+            lambda unit, caller: principals.enable(unit, caller, request.principal_id),
         )
         return principal_to_proto(record)
 
     async def RotateToken(self, request, context):
         seconds = request.expires_in_seconds if request.HasField("expires_in_seconds") else None
         record, token = await self.app.call(
-            context, EVERY_ROLE, lambda unit, caller: principals.rotate(unit, caller, request.principal_id, seconds)
+            context,
+            roles.of("Principals", "RotateToken"),
+            lambda unit, caller: principals.rotate(unit, caller, request.principal_id, seconds),
         )
         return principals_pb2.RotateTokenResponse(principal=principal_to_proto(record), token=token)
 
@@ -71,6 +73,8 @@ class PrincipalsServicer(principals_pb2_grpc.PrincipalsServicer):
         if which == "expires_at":
             expires_at = mapping.time_from_proto(request.expires_at, "expires_at")
         record = await self.app.call(
-            context, ADMINS, lambda unit, caller: principals.set_expiry(unit, caller, request.principal_id, expires_at)
+            context,
+            roles.of("Principals", "SetTokenExpiry"),
+            lambda unit, caller: principals.set_expiry(unit, caller, request.principal_id, expires_at),
         )
         return principal_to_proto(record)

@@ -1,0 +1,184 @@
+"""The Kubernetes manifests in deploy/k8s, read with PyYAML: what would break a deployment.
+
+The image is the one deploy/Dockerfile builds (compose.yaml's name for it); replicas never
+migrate and the Job does; the probes ask grpc.health.v1 on the serving port; TLS and the
+database URL come from Secrets; the PDB and the Service select the server's pods and only them;
+pods run as the image's unprivileged user on a read-only root file system.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from effect_ledger.cli import build_parser
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+K8S = DEPLOY / "k8s"
+HEALTHCHECK_IN_IMAGE = "/opt/effect-ledger/healthcheck.py"
+
+
+def _load(path: Path) -> list[dict[str, Any]]:
+    return [document for document in yaml.safe_load_all(path.read_text()) if document]
+
+
+MANIFESTS = {path.name: _load(path) for path in sorted(K8S.glob("*.yaml"))}
+OBJECTS = [document for name, documents in MANIFESTS.items() if name != "kustomization.yaml" for document in documents]
+
+
+def one(kind: str) -> dict[str, Any]:
+    (found,) = [o for o in OBJECTS if o["kind"] == kind]
+    return found
+
+
+DEPLOYMENT, JOB, SERVICE, PDB = one("Deployment"), one("Job"), one("Service"), one("PodDisruptionBudget")
+(SERVER,) = DEPLOYMENT["spec"]["template"]["spec"]["containers"]
+(MIGRATE,) = JOB["spec"]["template"]["spec"]["containers"]
+COMPOSE = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+DOCKERFILE = (DEPLOY / "Dockerfile").read_text()
+
+
+def env(container: dict[str, Any]) -> dict[str, Any]:
+    return {item["name"]: item.get("value", item.get("valueFrom")) for item in container.get("env", [])}
+
+
+def matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+def port_of(listen: str) -> int:
+    return int(listen.rsplit(":", 1)[1])
+
+
+def test_every_manifest_is_a_resource_of_the_kustomization():
+    (kustomization,) = MANIFESTS["kustomization.yaml"]
+    assert sorted(kustomization["resources"]) == sorted(n for n in MANIFESTS if n != "kustomization.yaml")
+    assert all({"apiVersion", "kind", "metadata"} <= o.keys() for o in OBJECTS)
+
+
+def test_the_image_is_the_one_the_dockerfile_builds():
+    service = COMPOSE["services"]["effect-ledger"]
+    assert service["build"]["dockerfile"] == "deploy/Dockerfile"
+    image = service["image"]
+    assert f"-t {image} " in DOCKERFILE, "the Dockerfile's build command names another tag"
+    assert SERVER["image"] == MIGRATE["image"] == image
+    (kustomization,) = MANIFESTS["kustomization.yaml"]
+    (entry,) = kustomization["images"]
+    repository, tag = image.rsplit(":", 1)
+    assert (entry["name"], f"{entry['newName']}:{entry['newTag']}") == (repository, image)
+
+
+def test_replicas_do_not_migrate_and_serve_tls_only():
+    arguments = SERVER["args"]
+    assert arguments[0] == "serve" and "--no-migrate" in arguments
+    assert "--insecure" not in arguments + SERVER.get("command", [])
+    variables = env(SERVER)
+    assert "EFFECT_LEDGER_INSECURE" not in variables and "EFFECT_LEDGER_NO_MIGRATE" not in variables
+    mounts = {m["name"]: m["mountPath"] for m in SERVER["volumeMounts"]}
+    volumes = {v["name"]: v for v in DEPLOYMENT["spec"]["template"]["spec"]["volumes"]}
+    for name in ("EFFECT_LEDGER_TLS_CERT", "EFFECT_LEDGER_TLS_KEY", "EFFECT_LEDGER_TLS_CLIENT_CA"):
+        (volume,) = [v for v, path in mounts.items() if variables[name].startswith(path + "/")]
+        assert "secret" in volumes[volume], f"{name} is not read from a Secret"
+
+
+def test_the_job_runs_migrate():
+    assert MIGRATE["args"] == ["migrate"]
+    assert JOB["spec"]["template"]["spec"]["restartPolicy"] in ("Never", "OnFailure")
+
+
+def test_the_database_url_comes_from_one_secret():
+    found = [env(c)["EFFECT_LEDGER_DATABASE_URL"] for c in (SERVER, MIGRATE)]
+    assert all("secretKeyRef" in value for value in found)
+    assert found[0] == found[1]
+
+
+def test_every_setting_names_a_serve_flag():
+    commands = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction")
+    serve = commands.choices["serve"]
+    flags = {o for a in serve._actions for o in a.option_strings}
+    variables = [name for name in env(SERVER) if name.startswith("EFFECT_LEDGER_")]
+    assert variables
+    for name in variables:
+        assert "--" + name.removeprefix("EFFECT_LEDGER_").lower().replace("_", "-") in flags, name
+    # The Service named effect-ledger would otherwise add EFFECT_LEDGER_* variables of its own.
+    assert DEPLOYMENT["spec"]["template"]["spec"]["enableServiceLinks"] is False
+
+
+def _healthcheck_port() -> int:
+    tree = ast.parse((DEPLOY / "healthcheck.py").read_text())
+    (target,) = [
+        node.value.value
+        for node in tree.body
+        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["TARGET"]
+    ]
+    return port_of(target)
+
+
+@pytest.mark.parametrize("probe", ["startupProbe", "readinessProbe", "livenessProbe"])
+def test_probes_ask_grpc_health_on_the_serving_port(probe):
+    listen = SERVER["args"][SERVER["args"].index("--listen") + 1]
+    ports = {p["name"]: p["containerPort"] for p in SERVER["ports"]}
+    assert ports["grpc"] == port_of(listen) == _healthcheck_port()
+    # The image's health check (grpc.health.v1 Check over the server's TLS): the kubelet's own
+    # grpc probe cannot complete a TLS handshake.
+    assert f"COPY deploy/healthcheck.py {HEALTHCHECK_IN_IMAGE}" in DOCKERFILE
+    command = SERVER[probe]["exec"]["command"]
+    assert command[:2] == ["/opt/effect-ledger/bin/python", HEALTHCHECK_IN_IMAGE]
+    # Ready means SERVING (the database answers); alive means the server answers at all.
+    assert ("--any-status" in command) == (probe != "readinessProbe")
+    assert SERVER[probe]["timeoutSeconds"] > 3  # healthcheck.py's own RPC timeout
+
+
+def test_the_pdb_and_the_service_select_the_servers_only():
+    template_labels = DEPLOYMENT["spec"]["template"]["metadata"]["labels"]
+    job_labels = JOB["spec"]["template"]["metadata"]["labels"]
+    assert PDB["spec"]["selector"]["matchLabels"] == DEPLOYMENT["spec"]["selector"]["matchLabels"]
+    for selector in (PDB["spec"]["selector"]["matchLabels"], SERVICE["spec"]["selector"]):
+        assert matches(selector, template_labels)
+        assert not matches(selector, job_labels)
+
+
+def test_the_service_targets_the_named_grpc_port():
+    (port,) = SERVICE["spec"]["ports"]
+    names = {p["name"] for p in SERVER["ports"]}
+    assert port["targetPort"] == "grpc" and "grpc" in names
+    assert port["port"] == next(p["containerPort"] for p in SERVER["ports"] if p["name"] == "grpc")
+
+
+def test_metrics_are_served_and_scraped_on_the_named_port():
+    ports = {p["name"]: p["containerPort"] for p in SERVER["ports"]}
+    annotations = DEPLOYMENT["spec"]["template"]["metadata"]["annotations"]
+    assert port_of(env(SERVER)["EFFECT_LEDGER_METRICS_LISTEN"]) == ports["metrics"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert int(annotations["prometheus.io/port"]) == ports["metrics"]
+
+
+@pytest.mark.parametrize("workload", [DEPLOYMENT, JOB], ids=["Deployment", "Job"])
+def test_pods_run_unprivileged_on_a_read_only_root(workload):
+    uid = int(re.search(r"--uid (\d+)", DOCKERFILE).group(1))
+    pod = workload["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == uid
+    assert pod["automountServiceAccountToken"] is False
+    for container in pod["containers"]:
+        security = container["securityContext"]
+        assert security["readOnlyRootFilesystem"] is True
+        assert security["allowPrivilegeEscalation"] is False
+        assert security["capabilities"]["drop"] == ["ALL"]
+        assert {"requests", "limits"} <= container["resources"].keys()
+        assert "memory" in container["resources"]["limits"]
+
+
+def test_shutdown_fits_in_the_grace_period():
+    sleep = shlex.join(SERVER["lifecycle"]["preStop"]["exec"]["command"])
+    seconds = int(sleep.rsplit(" ", 1)[1])
+    serve = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction").choices["serve"]
+    drain = next(a.default for a in serve._actions if "--grace-seconds" in a.option_strings)
+    assert DEPLOYMENT["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > seconds + drain
