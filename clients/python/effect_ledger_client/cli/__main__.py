@@ -1,0 +1,3 @@
+from effect_ledger_client.cli import main
+
+raise SystemExit(main())
