@@ -61,9 +61,7 @@ async def serve(level: str, database_url: str, port_file: Path, input_file: Path
     connections: asyncio.Queue = asyncio.Queue()
     if level != "echo":
         for _ in range(POOL_SIZE):
-            connection = await psycopg.AsyncConnection.connect(
-                database_url, autocommit=True, prepare_threshold=0
-            )
+            connection = await psycopg.AsyncConnection.connect(database_url, autocommit=True, prepare_threshold=0)
             await connections.put(connection)
     engine = EmbeddedRegoEngine(bench.REPO / "policy") if level == "rego" else None
     input_bytes = input_file.read_bytes() if input_file.exists() else b"{}"
@@ -160,9 +158,7 @@ def skeleton_tables(url: str, run_ids: list[str]) -> None:
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as connection:
-        connection.execute(
-            "CREATE TABLE IF NOT EXISTS floor_runs (run_id text PRIMARY KEY, tenant_id text NOT NULL)"
-        )
+        connection.execute("CREATE TABLE IF NOT EXISTS floor_runs (run_id text PRIMARY KEY, tenant_id text NOT NULL)")
         connection.execute(
             "CREATE TABLE IF NOT EXISTS floor_decisions (decision_id text PRIMARY KEY, run_id text NOT NULL, "
             "input bytea NOT NULL, created_at timestamptz NOT NULL DEFAULT now())"
@@ -174,9 +170,7 @@ def skeleton_tables(url: str, run_ids: list[str]) -> None:
             )
 
 
-def measure_level(
-    server: bench.Server, clients: bench.Clients, callers: int, seconds: float, warmup: float
-) -> dict:
+def measure_level(server: bench.Server, clients: bench.Clients, callers: int, seconds: float, warmup: float) -> dict:
     if warmup > 0:
         clients.window("authorize", callers, callers, warmup)
     health = bench.measure(server, clients, "health", callers, callers, seconds)
@@ -200,9 +194,7 @@ def main() -> None:
     parser.add_argument("--input-file", default="")
     parser.add_argument(
         "--pg-url",
-        default=os.environ.get(
-            "EFFECT_LEDGER_BENCH_PG_URL", "postgresql://root@127.0.0.1:5432/postgres"
-        ),
+        default=os.environ.get("EFFECT_LEDGER_BENCH_PG_URL", "postgresql://root@127.0.0.1:5432/postgres"),
     )
     parser.add_argument("--levels", default=",".join(LEVELS))
     parser.add_argument("--callers", type=int, default=32)
@@ -233,9 +225,7 @@ def main() -> None:
         _migrate(url)
         # The product first: it prepares the runs and makes the decision whose input the
         # ``rego`` level evaluates.
-        product = bench.Server(
-            url, POOL_SIZE, 1, bench.serve_has_workers_flag(), count_round_trips=False
-        )
+        product = bench.Server(url, POOL_SIZE, 1, bench.serve_has_workers_flag(), count_round_trips=False)
         product.start()
         try:
             setup = bench.prepare(url, product.target, options.callers, 2 * options.callers)
@@ -259,9 +249,7 @@ def main() -> None:
             server.start()
             clients = bench.Clients(server.target, setup, 2, 4)
             try:
-                rows[level] = measure_level(
-                    server, clients, options.callers, options.seconds, options.warmup_seconds
-                )
+                rows[level] = measure_level(server, clients, options.callers, options.seconds, options.warmup_seconds)
                 print(level, rows[level], flush=True)
             finally:
                 clients.close()

@@ -16,33 +16,57 @@ POLICY_DIR = Path(__file__).resolve().parents[1] / "policy"
 QUERY = "data.effectledger.gate.decision"
 
 CONTRACT = {
-    "tool": "email.send", "revision": 3, "effect_class": "RETRYABLE_WITH_KEY", "provider_idempotency": True,
-    "queryable": True, "allowed_recovery": ["RETRY_SAME_KEY"], "has_arguments_schema": False,
-    "max_attempts": 3, "lease_seconds": 60, "retired": False,
+    "tool": "email.send",
+    "revision": 3,
+    "effect_class": "RETRYABLE_WITH_KEY",
+    "provider_idempotency": True,
+    "queryable": True,
+    "allowed_recovery": ["RETRY_SAME_KEY"],
+    "has_arguments_schema": False,
+    "max_attempts": 3,
+    "lease_seconds": 60,
+    "retired": False,
 }
 BASE = {
-    "version": 1, "now": "2026-11-29T12:00:00.000000Z",
+    "version": 1,
+    "now": "2026-11-29T12:00:00.000000Z",
     "principal": {"id": "agent-1", "tenant": "acme", "roles": ["agent"]},
     "run": {"id": "run_1", "created_by": "agent-1", "revision": 4, "labels": {}},
-    "request": {"tool": "email.send", "target": "mailto:bob@example.com", "idempotency_key": "k1",
-                "intent_digest": "0" * 64, "arguments": {"subject": "hi", "body": "x" * 200}},
-    "contract": CONTRACT, "pinned_contract": None, "effect": None,
+    "request": {
+        "tool": "email.send",
+        "target": "mailto:bob@example.com",
+        "idempotency_key": "k1",
+        "intent_digest": "0" * 64,
+        "arguments": {"subject": "hi", "body": "x" * 200},
+    },
+    "contract": CONTRACT,
+    "pinned_contract": None,
+    "effect": None,
     "ledger": {"verdict": "NEW_EFFECT", "creates_attempt": True, "reasons": []},
-    "run_open_effects": [{"effect_id": f"eff_{i}", "tool": "t", "target": "x", "stage": "AUTHORIZED"} for i in range(20)],
-    "run_open_effects_truncated": False, "target_unknown_effects": [],
+    "run_open_effects": [
+        {"effect_id": f"eff_{i}", "tool": "t", "target": "x", "stage": "AUTHORIZED"} for i in range(20)
+    ],
+    "run_open_effects_truncated": False,
+    "target_unknown_effects": [],
 }
 CASES = {
     "allow": BASE,
     "unknown tool": {**BASE, "contract": None},
     "retired": {**BASE, "contract": {**CONTRACT, "retired": True}},
     "irreversible": {**BASE, "contract": {**CONTRACT, "effect_class": "IRREVERSIBLE"}},
-    "unknown on target": {**BASE, "target_unknown_effects": [{"effect_id": "e9", "run_id": "r", "idempotency_key": "k"}]},
+    "unknown on target": {
+        **BASE,
+        "target_unknown_effects": [{"effect_id": "e9", "run_id": "r", "idempotency_key": "k"}],
+    },
 }
 
 
 def policy_texts() -> dict[str, str]:
-    return {p.relative_to(POLICY_DIR).as_posix(): p.read_text() for p in sorted(POLICY_DIR.rglob("*.rego"))
-            if not p.name.endswith("_test.rego")}
+    return {
+        p.relative_to(POLICY_DIR).as_posix(): p.read_text()
+        for p in sorted(POLICY_DIR.rglob("*.rego"))
+        if not p.name.endswith("_test.rego")
+    }
 
 
 def regorus_engine():

@@ -240,9 +240,7 @@ class Server:
 
     def _check_alive(self, deadline: float) -> None:
         if self.process.poll() is not None:
-            raise SystemExit(
-                "the server exited:\n" + (self.folder / "server.log").read_text()[-4000:]
-            )
+            raise SystemExit("the server exited:\n" + (self.folder / "server.log").read_text()[-4000:])
         if time.monotonic() > deadline:
             raise SystemExit(f"the server did not start within {SERVER_START_TIMEOUT_SECONDS} s")
         time.sleep(0.05)
@@ -366,16 +364,13 @@ def prepare(url: str, target: str, runs: int, settled_keys: int) -> dict:
             timeout=10,
         )
         budgets_pb2_grpc.BudgetsStub(channel).PutBudget(
-            budgets_pb2.PutBudgetRequest(
-                scope=budgets_pb2.TENANT, dimension="usd_micros", limit=2**62
-            ),
+            budgets_pb2.PutBudgetRequest(scope=budgets_pb2.TENANT, dimension="usd_micros", limit=2**62),
             metadata=admin,
             timeout=10,
         )
         runs_stub = runs_pb2_grpc.RunsStub(channel)
         run_ids = [
-            runs_stub.CreateRun(runs_pb2.CreateRunRequest(), metadata=agent, timeout=10).run_id
-            for _ in range(runs)
+            runs_stub.CreateRun(runs_pb2.CreateRunRequest(), metadata=agent, timeout=10).run_id for _ in range(runs)
         ]
         gate = gate_pb2_grpc.GateStub(channel)
         settled: dict[str, list[tuple[str, int]]] = {run_id: [] for run_id in run_ids}
@@ -452,9 +447,7 @@ class Caller:
         return f"{self.prefix}-{self.sequence}"
 
     async def authorize(self, request, expected: int):
-        call = self.gate.AuthorizeEffect(
-            request, metadata=self.metadata, timeout=RPC_TIMEOUT_SECONDS
-        )
+        call = self.gate.AuthorizeEffect(request, metadata=self.metadata, timeout=RPC_TIMEOUT_SECONDS)
         return await self.recorder.timed("AuthorizeEffect", call, expected)
 
     async def authorize_new(self, key: str, begin_dispatched: bool = False):
@@ -472,9 +465,7 @@ class Caller:
 
     async def dispatch(self, attempt_id: str):
         request = gate_pb2.RecordDispatchRequest(attempt_id=attempt_id)
-        call = self.gate.RecordDispatch(
-            request, metadata=self.metadata, timeout=RPC_TIMEOUT_SECONDS
-        )
+        call = self.gate.RecordDispatch(request, metadata=self.metadata, timeout=RPC_TIMEOUT_SECONDS)
         return await self.recorder.timed("RecordDispatch", call)
 
     async def succeed(self, attempt_id: str, key: str):
@@ -561,9 +552,7 @@ async def run_window(channels: list, setup: dict, command: dict) -> dict:
         run_id = runs[index % len(runs)]
         stubs = health_pb2_grpc.HealthStub(channel), gate_pb2_grpc.GateStub(channel)
         prefix = f"{command['scenario']}-{nonce}-{index}"
-        callers.append(
-            Caller(*stubs, metadata, run_id, setup["settled"][run_id], prefix, recorder, index)
-        )
+        callers.append(Caller(*stubs, metadata, run_id, setup["settled"][run_id], prefix, recorder, index))
     operation = OPERATIONS[command["scenario"]]
     await asyncio.sleep(max(0.0, command["start_at"] - time.time()))
     deadline = command["start_at"] + command["seconds"]
@@ -585,8 +574,7 @@ async def run_window(channels: list, setup: dict, command: dict) -> dict:
 async def _serve_commands(connection, target: str, setup: dict, channel_count: int) -> None:
     # A subchannel pool of its own per channel: separate TCP connections, spread over workers.
     channels = [
-        grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
-        for _ in range(channel_count)
+        grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)]) for _ in range(channel_count)
     ]
     await asyncio.gather(*(asyncio.wait_for(channel.channel_ready(), 10) for channel in channels))
     connection.send("ready")
@@ -610,9 +598,7 @@ class Clients:
         self.processes = []
         for _ in range(processes):
             ours, theirs = context.Pipe()
-            process = context.Process(
-                target=_client_process, args=(theirs, target, setup, channels), daemon=True
-            )
+            process = context.Process(target=_client_process, args=(theirs, target, setup, channels), daemon=True)
             process.start()
             self.connections.append(ours)
             self.processes.append(process)
@@ -680,9 +666,7 @@ def latency_summary(values: list[float]) -> dict:
     }
 
 
-def measure(
-    server: Server, clients: Clients, scenario: str, callers: int, runs: int, seconds: float
-) -> dict:
+def measure(server: Server, clients: Clients, scenario: str, callers: int, runs: int, seconds: float) -> dict:
     """One measured window: client latencies, server CPU and round trips over that window only."""
     counting_before, before = server.snapshot()
     pids = server.pids()
@@ -696,9 +680,7 @@ def measure(
     completed, wall = window["completed"], window["wall_seconds"]
     rpcs = {}
     for name, values in sorted(window["latencies"].items()):
-        counted = next(
-            (counts for method, counts in trips.items() if method.endswith("/" + name)), None
-        )
+        counted = next((counts for method, counts in trips.items() if method.endswith("/" + name)), None)
         rpcs[name] = {
             **latency_summary(values),
             "round_trips_per_call": counted["per_call"] if counted else None,
@@ -778,9 +760,7 @@ def run_group(options, workers: int, workers_flag: bool, layout: str) -> tuple[l
                 result = measure(server, clients, scenario, callers, runs_used, options.seconds)
                 result["health_ops_per_second"] = health["ops_per_second"]
                 result["ratio_to_health"] = (
-                    round(result["ops_per_second"] / health["ops_per_second"], 3)
-                    if health["ops_per_second"]
-                    else None
+                    round(result["ops_per_second"] / health["ops_per_second"], 3) if health["ops_per_second"] else None
                 )
                 row = {
                     "workers": workers,
@@ -857,9 +837,7 @@ def table_rows(row: dict, health_row: bool) -> list[list[str]]:
                 str(row["runs"]),
                 "health" if health_row else row["scenario"],
                 str(result["ops_per_second"]),
-                "1.000"
-                if health_row
-                else f"{row['ratio_to_health']} (of {row['health_ops_per_second']})",
+                "1.000" if health_row else f"{row['ratio_to_health']} (of {row['health_ops_per_second']})",
                 str(result["server_cpu_ms_per_op"]),
             ]
             if first
@@ -868,14 +846,8 @@ def table_rows(row: dict, health_row: bool) -> list[list[str]]:
         latency = f"{rpc.get('p50_ms')} / {rpc.get('p95_ms')} / {rpc.get('p99_ms')}" if rpc else ""
         trips = rpc.get("round_trips_per_call")
         errors = ", ".join(f"{key} x{value}" for key, value in result["errors"].items()) or "none"
-        verdict = (
-            "" if health_row else ("met" if row["met"] else "NOT met: " + "; ".join(row["missed"]))
-        )
-        tail = (
-            [errors, "" if health_row else target_text(row["targets"]), verdict]
-            if first
-            else ["", "", ""]
-        )
+        verdict = "" if health_row else ("met" if row["met"] else "NOT met: " + "; ".join(row["missed"]))
+        tail = [errors, "" if health_row else target_text(row["targets"]), verdict] if first else ["", "", ""]
         lines.append([*scenario_cells, name, latency, "" if trips is None else f"{trips:g}", *tail])
     return lines
 
@@ -923,9 +895,7 @@ def markdown(report: dict) -> str:
     lines.append("")
     for note in report["skipped"]:
         lines.append(f"Skipped: {note}")
-    peaks = sorted(
-        {(row["workers"], row["runs"], row["server_peak_rss_kib"]) for row in report["rows"]}
-    )
+    peaks = sorted({(row["workers"], row["runs"], row["server_peak_rss_kib"]) for row in report["rows"]})
     for workers, runs, peak in peaks:
         lines.append(
             f"Server peak RSS (VmHWM, summed over processes), {workers} worker(s), "
@@ -1022,10 +992,7 @@ def measured_line(report: dict) -> str:
 
 def soak_markdown(report: dict) -> str:
     result = report["soak"]
-    mib = {
-        name: result[name] / 1024
-        for name in ("rss_after_warmup_kib", "rss_end_kib", "peak_rss_kib")
-    }
+    mib = {name: result[name] / 1024 for name in ("rss_after_warmup_kib", "rss_end_kib", "peak_rss_kib")}
     verdict = "met" if result["met"] else "NOT met"
     return (
         f"{measured_line(report)}; command: `{report['command']}`\n\n"
@@ -1048,9 +1015,7 @@ def parse_options() -> argparse.Namespace:
     )
     parser.add_argument(
         "--pg-url",
-        default=os.environ.get(
-            "EFFECT_LEDGER_BENCH_PG_URL", "postgresql://root@127.0.0.1:5432/postgres"
-        ),
+        default=os.environ.get("EFFECT_LEDGER_BENCH_PG_URL", "postgresql://root@127.0.0.1:5432/postgres"),
     )
     parser.add_argument("--workers", default="1,2")
     parser.add_argument("--levels", default="32")
@@ -1069,9 +1034,7 @@ def parse_options() -> argparse.Namespace:
     parser.add_argument("--soak-warmup-minutes", type=float, default=2.0)
     parser.add_argument("--soak-sample-seconds", type=float, default=10.0)
     options = parser.parse_args()
-    unknown = set(options.scenarios.split(",")) - set(SCENARIOS) | set(
-        options.layouts.split(",")
-    ) - set(LAYOUTS)
+    unknown = set(options.scenarios.split(",")) - set(SCENARIOS) | set(options.layouts.split(",")) - set(LAYOUTS)
     if unknown:
         parser.error(f"unknown scenarios or layouts: {', '.join(sorted(unknown))}")
     return options

@@ -50,10 +50,20 @@ def wire_money(account: str, amount: int) -> str:
 
 def register_contracts(admin: Ledger) -> None:
     for contract in (
-        tools_pb2.ToolContract(tool="email.send", effect_class=common_pb2.RETRYABLE_WITH_KEY,
-                               provider_idempotency=True, max_attempts=3, lease_seconds=60),
-        tools_pb2.ToolContract(tool="payment.wire", effect_class=common_pb2.IRREVERSIBLE,
-                               provider_idempotency=False, max_attempts=1, lease_seconds=60),
+        tools_pb2.ToolContract(
+            tool="email.send",
+            effect_class=common_pb2.RETRYABLE_WITH_KEY,
+            provider_idempotency=True,
+            max_attempts=3,
+            lease_seconds=60,
+        ),
+        tools_pb2.ToolContract(
+            tool="payment.wire",
+            effect_class=common_pb2.IRREVERSIBLE,
+            provider_idempotency=False,
+            max_attempts=1,
+            lease_seconds=60,
+        ),
     ):
         admin.tools.PutToolContract(tools_pb2.PutToolContractRequest(contract=contract))
 
@@ -68,8 +78,9 @@ def main() -> None:
     agent = Ledger(TARGET, os.environ["EFFECT_LEDGER_AGENT_TOKEN"])
     reviewer = Ledger(TARGET, os.environ["EFFECT_LEDGER_REVIEWER_TOKEN"])
 
-    tools = guard_tools([send_email, wire_money], agent,
-                        ledger_tool={"send_email": "email.send", "wire_money": "payment.wire"})
+    tools = guard_tools(
+        [send_email, wire_money], agent, ledger_tool={"send_email": "email.send", "wire_money": "payment.wire"}
+    )
     graph = StateGraph(MessagesState)
     graph.add_node("tools", ToolNode(tools))
     graph.add_edge(START, "tools")
@@ -88,16 +99,20 @@ def main() -> None:
     state = app.invoke({"messages": [call("wire_money", "call_2", account="acct-1", amount=100)]}, config)
     request = state["__interrupt__"][0].value
     print("  -> interrupted:", request["approval_request_id"], request["state"])
-    reviewer.approvals.DecideApproval(approvals_pb2.DecideApprovalRequest(
-        approval_id=request["approval_request_id"], approve=True, comment="checked the account"))
+    reviewer.approvals.DecideApproval(
+        approvals_pb2.DecideApprovalRequest(
+            approval_id=request["approval_request_id"], approve=True, comment="checked the account"
+        )
+    )
     print("  a reviewer approved it; resuming:")
     state = app.invoke(Command(resume={"approved": True}), config)
     print("  ->", state["messages"][-1].content)
 
     print("4. a tool without a contract is denied and does not run:")
     unknown = guard_tools([send_email], agent, ledger_tool={"send_email": "email.unregistered"})
-    denied = unknown[0].invoke(call("send_email", "call_3", to="eve@example.com", subject="x").tool_calls[0]
-                               | {"type": "tool_call"}, config)
+    denied = unknown[0].invoke(
+        call("send_email", "call_3", to="eve@example.com", subject="x").tool_calls[0] | {"type": "tool_call"}, config
+    )
     print("  ->", denied.status, denied.content)
     agent.close()
     reviewer.close()

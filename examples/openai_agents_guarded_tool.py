@@ -46,19 +46,31 @@ def wire_money(account: str, amount: int) -> str:
 
 async def main() -> None:
     with Ledger(TARGET, os.environ["EFFECT_LEDGER_ADMIN_TOKEN"]) as admin:
-        admin.tools.PutToolContract(tools_pb2.PutToolContractRequest(contract=tools_pb2.ToolContract(
-            tool="payment.wire", effect_class=common_pb2.IRREVERSIBLE, provider_idempotency=False,
-            max_attempts=1, lease_seconds=60)))
+        admin.tools.PutToolContract(
+            tools_pb2.PutToolContractRequest(
+                contract=tools_pb2.ToolContract(
+                    tool="payment.wire",
+                    effect_class=common_pb2.IRREVERSIBLE,
+                    provider_idempotency=False,
+                    max_attempts=1,
+                    lease_seconds=60,
+                )
+            )
+        )
     ledger = Ledger(TARGET, os.environ["EFFECT_LEDGER_AGENT_TOKEN"])
     reviewer = Ledger(TARGET, os.environ["EFFECT_LEDGER_REVIEWER_TOKEN"])
     conversation = f"demo-{uuid.uuid4().hex[:8]}"
     run = ledger.runs.CreateRun(runs_pb2.CreateRunRequest(request_id=conversation, adapter="openai-agents"))
 
-    guarded = guard_function_tool(wire_money, ledger, ledger_tool="payment.wire", target=lambda a: f"bank:{a['account']}")
-    model = ScriptedModel([
-        [function_call("wire_money", {"account": "acct-1", "amount": 100}, call_id="call_1")],
-        [assistant_message("Done: the money is on its way.")],
-    ])
+    guarded = guard_function_tool(
+        wire_money, ledger, ledger_tool="payment.wire", target=lambda a: f"bank:{a['account']}"
+    )
+    model = ScriptedModel(
+        [
+            [function_call("wire_money", {"account": "acct-1", "amount": 100}, call_id="call_1")],
+            [assistant_message("Done: the money is on its way.")],
+        ]
+    )
     agent = Agent(name="treasurer", model=model, tools=[guarded])
 
     result = await Runner.run(agent, "pay acct-1", context=AppContext(run.run_id), run_config=NO_TRACING)
@@ -66,8 +78,9 @@ async def main() -> None:
     approval_id = ledger_approval_id(item, guarded)
     print("the run stopped for ledger approval", approval_id)
 
-    reviewer.approvals.DecideApproval(approvals_pb2.DecideApprovalRequest(
-        approval_id=approval_id, approve=True, comment="checked the account"))
+    reviewer.approvals.DecideApproval(
+        approvals_pb2.DecideApprovalRequest(approval_id=approval_id, approve=True, comment="checked the account")
+    )
     print("a reviewer approved it in the ledger; approving the interruption and resuming:")
     state = result.to_state()
     state.approve(item)

@@ -5,15 +5,21 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/ensure-postgres.sh
+# The console's browser tests (tests/console) drive the distribution's Chromium.
+if ! command -v chromium >/dev/null 2>&1; then
+    echo "Chromium is not installed: installing it"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
+        || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+fi
 
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e ".[test]"
-# The client distribution (clients/python) with its framework adapters, tested in tests/client
-# against the real server and the real frameworks.
-.venv/bin/python -m pip install --quiet -e "./clients/python[langgraph,openai-agents,mcp]"
+# The client distribution (clients/python) with its framework adapters and its operator command
+# line, tested in tests/client against the real server and the real frameworks.
+.venv/bin/python -m pip install --quiet -e "./clients/python[langgraph,openai-agents,mcp,cli,console]"
 # OPA's own Go engine, to run the policy's tests as a real OPA server would. The wheel is a
 # ctypes wrapper around a shared library (py3-none); its metadata asks for Python >= 3.14,
 # which this project's Python does not meet, so the check is skipped for this one package.
@@ -21,6 +27,7 @@ fi
 
 # The linter and the type checker the project configures (pyproject.toml), pinned in [test].
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .
 .venv/bin/mypy server/effect_ledger clients/python/effect_ledger_client
 
 .venv/bin/effect-ledger policy-test

@@ -493,7 +493,8 @@ class RecordingClient:
         self,
         request: gate_pb2.RecordOutcomeRequest,
         *,
-        wait_for_ready: bool = False, timeout: float | None = None,
+        wait_for_ready: bool = False,
+        timeout: float | None = None,
         **tag: str,
     ) -> Result:
         which = request.WhichOneof("outcome") or ""
@@ -514,7 +515,8 @@ class RecordingClient:
         attempt_id: str,
         reason: str = "not needed",
         *,
-        wait_for_ready: bool = False, timeout: float | None = None,
+        wait_for_ready: bool = False,
+        timeout: float | None = None,
         **tag: str,
     ) -> Result:
         invoke = self._invoke(RELEASE, tag, attempt_id=attempt_id, outcome="RELEASED")
@@ -525,7 +527,8 @@ class RecordingClient:
         self,
         request: gate_pb2.ReconcileEffectRequest,
         *,
-        wait_for_ready: bool = False, timeout: float | None = None,
+        wait_for_ready: bool = False,
+        timeout: float | None = None,
         **tag: str,
     ) -> Result:
         happened = request.WhichOneof("evidence") == "receipt"
@@ -573,7 +576,8 @@ class RecordingClient:
         scope: int = budgets_pb2.TENANT,
         scope_id: str = "",
         *,
-        wait_for_ready: bool = False, timeout: float | None = None,
+        wait_for_ready: bool = False,
+        timeout: float | None = None,
     ) -> Result:
         scope_name = budgets_pb2.BudgetScope.Name(scope)
         invoke = self._invoke(BUDGET_READ, {}, value={"scope": scope_name, "scope_id": scope_id})
@@ -690,9 +694,7 @@ def check_no_allow_after_success(history: History | Iterable[Op]) -> list[Violat
     return violations
 
 
-def _not_applied_evidence(
-    index: _Index, earlier: Call, later: Call, final_stages: Mapping[str, str]
-) -> Call | None:
+def _not_applied_evidence(index: _Index, earlier: Call, later: Call, final_stages: Mapping[str, str]) -> Call | None:
     """A call, invoked before ``later`` was answered, that may have settled ``earlier``'s
     attempt as definitely not applied (FAILED, reconciled not_happened, RELEASED)."""
     attempt_id, effect_id = earlier.answer.attempt_id, earlier.answer.effect_id
@@ -700,7 +702,13 @@ def _not_applied_evidence(
         if call.type == "fail" or call.start > later.end:
             continue
         inv = call.invoke
-        if call.f == OUTCOME and inv.outcome == "FAILED" and inv.attempt_id == attempt_id or call.f == RELEASE and inv.attempt_id == attempt_id:
+        if (
+            call.f == OUTCOME
+            and inv.outcome == "FAILED"
+            and inv.attempt_id == attempt_id
+            or call.f == RELEASE
+            and inv.attempt_id == attempt_id
+        ):
             shown = call.answer.stage if call.ok else None
         elif call.f == RECONCILE and inv.outcome == "FAILED" and call.pick("effect_id") == effect_id:
             if call.ok:
@@ -980,8 +988,10 @@ def check_budget_model(
             # A receipt may release reservations too: under a shared provider key the money is
             # posted once, and the other attempts' reservations are voided (a reconcile receipt,
             # or a sibling's SUCCEEDED below). Counting less keeps the model a lower bound.
-            voids = (call.f == OUTCOME and inv.outcome == "FAILED") or call.f == RELEASE or (
-                call.f == RECONCILE and call.end > allow.start
+            voids = (
+                (call.f == OUTCOME and inv.outcome == "FAILED")
+                or call.f == RELEASE
+                or (call.f == RECONCILE and call.end > allow.start)
             )
             if voids and call.type != "fail":
                 void_from[attempt_id] = min(void_from.get(attempt_id, INF), call.start)
@@ -1181,7 +1191,13 @@ def _lease_restarts(index: _Index) -> dict[str, list[Call]]:
         if not call.ok:
             continue
         answer = call.answer
-        if call.f == DISPATCH and answer.stage == "DISPATCHED" and answer.value.get("changed", True) or call.f == RENEW and answer.stage in REVIVED_STAGES:
+        if (
+            call.f == DISPATCH
+            and answer.stage == "DISPATCHED"
+            and answer.value.get("changed", True)
+            or call.f == RENEW
+            and answer.stage in REVIVED_STAGES
+        ):
             restarts[call.invoke.attempt_id].append(call)
     return restarts
 
@@ -1246,7 +1262,8 @@ def check_unknown_never_revived(
             if lease is None:
                 continue
             early = [
-                o for o in shown
+                o
+                for o in shown
                 if o.ops
                 and o.end < reported_unknown.get(attempt_id, INF)
                 and o.ops[-1].time < restart.invoke.time + lease - tolerance_seconds

@@ -193,10 +193,10 @@ class OpaStandIn:
                 return 200, {}
             if mode == "malformed":
                 return 200, {"result": self._malformed_result}
-            return self.evaluate(path[len("/v1/data/"):], document.get("input"))
+            return self.evaluate(path[len("/v1/data/") :], document.get("input"))
         if kind == "GET policies":
             return 200, {"result": [self._policy(policy_id) for policy_id in sorted(self.policies)]}
-        policy_id = unquote(path[len("/v1/policies/"):])
+        policy_id = unquote(path[len("/v1/policies/") :])
         if policy_id not in self.policies:
             return 404, {"code": "resource_not_found", "message": f"storage_not_found_error: policy id {policy_id!r}"}
         return 200, {"result": self._policy(policy_id)}

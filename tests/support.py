@@ -63,11 +63,18 @@ class ServerProcess:
         port_file = folder / "port"
         self.log_path = folder / "server.log"
         command = [
-            sys.executable, "-m", "effect_ledger", "serve",
-            "--database-url", self.database_url,
-            "--listen", "127.0.0.1:0" if not self.port else f"127.0.0.1:{self.port}",
-            "--port-file", str(port_file),
-            "--grace-seconds", "1",
+            sys.executable,
+            "-m",
+            "effect_ledger",
+            "serve",
+            "--database-url",
+            self.database_url,
+            "--listen",
+            "127.0.0.1:0" if not self.port else f"127.0.0.1:{self.port}",
+            "--port-file",
+            str(port_file),
+            "--grace-seconds",
+            "1",
             *(["--workers", str(self.workers)] if self.workers is not None else []),
             *self.extra_args,
         ]

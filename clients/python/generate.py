@@ -48,15 +48,17 @@ def _protoc(out_dir: Path, proto_root: Path) -> None:
     if not files:
         raise SystemExit(f"no .proto files under {proto_root}")
     well_known = resources.files("grpc_tools") / "_proto"
-    status = protoc.main([
-        "grpc_tools.protoc",
-        f"--proto_path={proto_root}",
-        f"--proto_path={well_known}",
-        f"--python_out={out_dir}",
-        f"--pyi_out={out_dir}",
-        f"--grpc_python_out={out_dir}",
-        *[str(path.relative_to(proto_root)) for path in files],
-    ])
+    status = protoc.main(
+        [
+            "grpc_tools.protoc",
+            f"--proto_path={proto_root}",
+            f"--proto_path={well_known}",
+            f"--python_out={out_dir}",
+            f"--pyi_out={out_dir}",
+            f"--grpc_python_out={out_dir}",
+            *[str(path.relative_to(proto_root)) for path in files],
+        ]
+    )
     if status != 0:
         raise SystemExit(f"protoc failed with status {status}")
 

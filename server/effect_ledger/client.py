@@ -68,11 +68,17 @@ def error_from_rpc(error: grpc.RpcError) -> errors.LedgerError:
     message = error.details() or code.name
     error_class = _CLASS_BY_CODE.get(code)
     if error_class is errors.InvalidArgument:
-        result: errors.LedgerError = errors.InvalidArgument(message, reason=reason, violations=field_violations, metadata=metadata)
+        result: errors.LedgerError = errors.InvalidArgument(
+            message, reason=reason, violations=field_violations, metadata=metadata
+        )
     elif error_class is errors.FailedPrecondition:
-        result = errors.FailedPrecondition(message, reason=reason, violations=precondition_violations, metadata=metadata)
+        result = errors.FailedPrecondition(
+            message, reason=reason, violations=precondition_violations, metadata=metadata
+        )
     elif error_class is errors.NotFound:
-        result = errors.NotFound(metadata.get("resource_type", "resource"), metadata.get("resource_name", ""), reason=reason)
+        result = errors.NotFound(
+            metadata.get("resource_type", "resource"), metadata.get("resource_name", ""), reason=reason
+        )
     elif error_class is errors.Unavailable and reason in ("POLICY_UNAVAILABLE", "POLICY_UNDEFINED"):
         result = errors.PolicyUnavailable(message, reason=reason, metadata=metadata)
     elif error_class is errors.Unavailable and reason == "STORAGE_UNAVAILABLE":

@@ -68,9 +68,15 @@ def last_tool_message(state) -> ToolMessage:
 
 def ask_again(ledger, run_id: str, tool: str, key: str, arguments: dict = ARGUMENTS, target: str = ""):
     """AuthorizeEffect with the adapter's run, key and arguments: DUPLICATE once it succeeded."""
-    return ledger.gate.AuthorizeEffect(gate_pb2.AuthorizeEffectRequest(
-        run_id=run_id, tool=tool, idempotency_key=key, target=target or tool,
-        arguments_json=json.dumps(arguments).encode()))
+    return ledger.gate.AuthorizeEffect(
+        gate_pb2.AuthorizeEffectRequest(
+            run_id=run_id,
+            tool=tool,
+            idempotency_key=key,
+            target=target or tool,
+            arguments_json=json.dumps(arguments).encode(),
+        )
+    )
 
 
 def run_of_thread(ledger, thread_id: str) -> str:
@@ -113,15 +119,20 @@ def test_replaying_the_same_tool_call_returns_the_recorded_output_without_runnin
     recorder = Recorder()
     guarded = guard_tool(recorder.tool(), ledger, ledger_tool="email.send")
     thread_id = f"thread-{uuid.uuid4().hex}"
-    first = last_tool_message(graph_with(guarded).invoke(
-        {"messages": [tool_call_message("send_email", "call_1")]}, thread(thread_id)))
+    first = last_tool_message(
+        graph_with(guarded).invoke({"messages": [tool_call_message("send_email", "call_1")]}, thread(thread_id))
+    )
 
     # A new graph (a restarted process: nothing cached) replays the same call on the same thread.
-    replayed = last_tool_message(graph_with(guard_tool(recorder.tool(), ledger, ledger_tool="email.send")).invoke(
-        {"messages": [tool_call_message("send_email", "call_1")]}, thread(thread_id)))
+    replayed = last_tool_message(
+        graph_with(guard_tool(recorder.tool(), ledger, ledger_tool="email.send")).invoke(
+            {"messages": [tool_call_message("send_email", "call_1")]}, thread(thread_id)
+        )
+    )
     # The guarded tool invoked directly with the same thread and tool call.
-    direct = guarded.invoke(tool_call_message("send_email", "call_1").tool_calls[0] | {"type": "tool_call"},
-                            thread(thread_id))
+    direct = guarded.invoke(
+        tool_call_message("send_email", "call_1").tool_calls[0] | {"type": "tool_call"}, thread(thread_id)
+    )
 
     assert recorder.calls == [ARGUMENTS]
     assert replayed.content == first.content == direct.content
@@ -134,8 +145,9 @@ def test_replaying_the_same_tool_call_returns_the_recorded_output_without_runnin
 def test_an_irreversible_tool_interrupts_the_graph_until_a_reviewer_approves(ledger, admin_ledger, reviewer_ledger):
     register_irreversible(admin_ledger)
     recorder = Recorder()
-    app = graph_with(guard_tool(recorder.tool("wire_money"), ledger, ledger_tool=IRREVERSIBLE_TOOL,
-                                target="bank:acct-1"))
+    app = graph_with(
+        guard_tool(recorder.tool("wire_money"), ledger, ledger_tool=IRREVERSIBLE_TOOL, target="bank:acct-1")
+    )
     config = thread(f"thread-{uuid.uuid4().hex}")
 
     paused = app.invoke({"messages": [tool_call_message("wire_money", "call_w")]}, config)
@@ -151,8 +163,9 @@ def test_an_irreversible_tool_interrupts_the_graph_until_a_reviewer_approves(led
     assert still["__interrupt__"][0].value["approval_request_id"] == approval_id
     assert recorder.calls == []
 
-    reviewer_ledger.approvals.DecideApproval(approvals_pb2.DecideApprovalRequest(
-        approval_id=approval_id, approve=True, comment="checked"))
+    reviewer_ledger.approvals.DecideApproval(
+        approvals_pb2.DecideApprovalRequest(approval_id=approval_id, approve=True, comment="checked")
+    )
     resumed = app.invoke(Command(resume={"approved": True}), config)
 
     assert "__interrupt__" not in resumed
@@ -173,8 +186,9 @@ def test_a_denied_approval_ends_in_an_error_message_and_the_tool_is_not_run(ledg
     paused = app.invoke({"messages": [tool_call_message("wire_money", "call_w")]}, config)
     approval_id = paused["__interrupt__"][0].value["approval_request_id"]
 
-    reviewer_ledger.approvals.DecideApproval(approvals_pb2.DecideApprovalRequest(
-        approval_id=approval_id, approve=False, comment="no"))
+    reviewer_ledger.approvals.DecideApproval(
+        approvals_pb2.DecideApprovalRequest(approval_id=approval_id, approve=False, comment="no")
+    )
     message = last_tool_message(app.invoke(Command(resume={"approved": False}), config))
 
     assert message.status == "error" and approval_id in message.content and "denied" in message.content
@@ -200,8 +214,9 @@ def test_a_tool_that_raises_leaves_the_effect_unknown_and_a_replay_does_not_run_
     with pytest.raises(TimeoutError):
         graph_with(guarded).invoke({"messages": [tool_call_message("send_email", "call_1")]}, thread(thread_id))
 
-    replayed = last_tool_message(graph_with(guarded).invoke(
-        {"messages": [tool_call_message("send_email", "call_1")]}, thread(thread_id)))
+    replayed = last_tool_message(
+        graph_with(guarded).invoke({"messages": [tool_call_message("send_email", "call_1")]}, thread(thread_id))
+    )
 
     assert replayed.status == "error" and "UNKNOWN" in replayed.content and "reconciled" in replayed.content
     assert recorder.calls == [ARGUMENTS]
@@ -224,8 +239,9 @@ def test_a_rejection_records_failed(ledger, admin_ledger):
 def test_a_custom_key_function_names_the_effect(ledger, admin_ledger):
     register(admin_ledger, "email.send")
     recorder = Recorder()
-    guarded = guard_tool(recorder.tool(), ledger, ledger_tool="email.send",
-                         key=lambda call: f"welcome/{call.arguments['to']}")
+    guarded = guard_tool(
+        recorder.tool(), ledger, ledger_tool="email.send", key=lambda call: f"welcome/{call.arguments['to']}"
+    )
     thread_id = f"thread-{uuid.uuid4().hex}"
     graph_with(guarded).invoke({"messages": [tool_call_message("send_email", "call_1")]}, thread(thread_id))
     # Another tool call id, the same key: the same effect, not run again.

@@ -200,9 +200,7 @@ async def test_an_unregistered_or_retired_tool_is_refused_and_the_upstream_untou
         assert "TOOL_UNKNOWN" in text_of(unregistered)
 
         with tenant.client(server, "admin") as admin:
-            admin.tools.RetireTool(
-                tools_pb2.RetireToolRequest(tool="email.send", reason="mail is off")
-            )
+            admin.tools.RetireTool(tools_pb2.RetireToolRequest(tool="email.send", reason="mail is off"))
         retired = await session.call_tool("send_email", BOB)
         assert retired.is_error
         assert meta(retired, "outcome") == "DENY"
@@ -212,9 +210,7 @@ async def test_an_unregistered_or_retired_tool_is_refused_and_the_upstream_untou
     assert files.outbox() == []
 
 
-async def test_an_irreversible_tool_waits_for_a_reviewer_then_runs_once(
-    config_path, registered, tenant, server, files
-):
+async def test_an_irreversible_tool_waits_for_a_reviewer_then_runs_once(config_path, registered, tenant, server, files):
     issue = {"issue": "December", "body": "News."}
     async with gateway(config_path, tenant) as session:
         pending = await session.call_tool("publish_newsletter", issue)
@@ -230,9 +226,7 @@ async def test_an_irreversible_tool_waits_for_a_reviewer_then_runs_once(
 
         with tenant.client(server, "reviewer") as reviewer:
             reviewer.approvals.DecideApproval(
-                approvals_pb2.DecideApprovalRequest(
-                    approval_id=approval_id, approve=True, comment="ok"
-                )
+                approvals_pb2.DecideApprovalRequest(approval_id=approval_id, approve=True, comment="ok")
             )
         published = await session.call_tool("publish_newsletter", issue)
         assert not published.is_error, text_of(published)
@@ -288,9 +282,7 @@ async def test_an_upstream_that_does_not_answer_leaves_the_effect_unknown_until_
     config["upstream"] = {"command": ["{python}", str(script)], "call_timeout_seconds": 1}
     config["tools"] = {"send_email": {"ledger_tool": "slow.send", "target": "mailto:{to}"}}
     config_path.write_text(json.dumps(config))
-    with tenant.client(
-        server, "admin"
-    ) as admin:  # no RETRY_SAME_KEY: an UNKNOWN effect stops the gate
+    with tenant.client(server, "admin") as admin:  # no RETRY_SAME_KEY: an UNKNOWN effect stops the gate
         admin.tools.PutToolContract(contract("slow.send"))
 
     async with gateway(config_path, tenant) as session:
@@ -318,27 +310,19 @@ def test_receipt_detail_keeps_a_result_that_fits_and_an_excerpt_of_one_that_does
 
     from effect_ledger_client.adapters import mcp_gateway
 
-    small = types.CallToolResult(
-        content=[types.TextContent(text="sent")], structured_content={"id": 7}
-    )
+    small = types.CallToolResult(content=[types.TextContent(text="sent")], structured_content={"id": 7})
     detail = mcp_gateway.receipt_detail(small)
     assert detail["mcp_result"]["content"] == [{"type": "text", "text": "sent"}]
     assert detail["mcp_result"]["structuredContent"] == {"id": 7}
 
     for result in (
         types.CallToolResult(content=[types.TextContent(text='é"' * 40_000)]),  # over 64 KiB
-        types.CallToolResult(
-            content=[], structured_content={"id": 2**63 + 1}
-        ),  # no double holds it
-        types.CallToolResult(
-            content=[], structured_content=json.loads("[" * 40 + "]" * 40)
-        ),  # too deep
+        types.CallToolResult(content=[], structured_content={"id": 2**63 + 1}),  # no double holds it
+        types.CallToolResult(content=[], structured_content=json.loads("[" * 40 + "]" * 40)),  # too deep
     ):
         excerpt = mcp_gateway.receipt_detail(result)
         assert excerpt["truncated"] is True
-        whole = mcp_gateway.canonical_json(
-            result.model_dump(mode="json", by_alias=True, exclude_none=True)
-        )
+        whole = mcp_gateway.canonical_json(result.model_dump(mode="json", by_alias=True, exclude_none=True))
         assert excerpt["mcp_result_sha256"] == hashlib.sha256(whole.encode()).hexdigest()
         assert whole.startswith(excerpt["mcp_result_excerpt"])
         assert len(mcp_gateway.canonical_json(excerpt).encode()) <= 64 * 1024
@@ -347,13 +331,9 @@ def test_receipt_detail_keeps_a_result_that_fits_and_an_excerpt_of_one_that_does
 def test_the_key_names_the_chosen_arguments_in_their_scope():
     from effect_ledger_client.adapters import mcp_gateway
 
-    rule = mcp_gateway.ToolRule(
-        "send_email", ledger_tool="email.send", key_arguments=("to", "subject")
-    )
+    rule = mcp_gateway.ToolRule("send_email", ledger_tool="email.send", key_arguments=("to", "subject"))
     key = mcp_gateway.idempotency_key(rule, "run-1", BOB)
-    assert (
-        key.startswith("mcp/email.send/") and len(key) <= 256 and key.isascii() and " " not in key
-    )
+    assert key.startswith("mcp/email.send/") and len(key) <= 256 and key.isascii() and " " not in key
     assert key == mcp_gateway.idempotency_key(rule, "run-1", {**BOB, "body": "other"})
     assert key != mcp_gateway.idempotency_key(rule, "run-1", {**BOB, "to": "eve@example.com"})
     assert key != mcp_gateway.idempotency_key(rule, "run-2", BOB)

@@ -62,9 +62,15 @@ def needs_approval(tool, run_id: str, call_id: str, arguments: dict = ARGUMENTS)
 
 
 def authorize(ledger, run_id: str, tool: str, key: str, arguments: dict = ARGUMENTS, target: str = ""):
-    return ledger.gate.AuthorizeEffect(gate_pb2.AuthorizeEffectRequest(
-        run_id=run_id, tool=tool, idempotency_key=key, target=target or tool,
-        arguments_json=json.dumps(arguments).encode()))
+    return ledger.gate.AuthorizeEffect(
+        gate_pb2.AuthorizeEffectRequest(
+            run_id=run_id,
+            tool=tool,
+            idempotency_key=key,
+            target=target or tool,
+            arguments_json=json.dumps(arguments).encode(),
+        )
+    )
 
 
 def outcome(response) -> str:
@@ -83,7 +89,9 @@ def test_an_allowed_call_runs_once_and_its_effect_succeeds(ledger, admin_ledger,
     assert outcome(again) == "DUPLICATE"
     effect = ledger.gate.GetEffect(gate_pb2.GetEffectRequest(effect_id=again.effect_id))
     assert common_pb2.Stage.Name(effect.stage) == "SUCCEEDED"
-    assert effect.receipt.provider_reference == "call_1" and json.loads(effect.receipt.detail_json) == {"output": output}
+    assert effect.receipt.provider_reference == "call_1" and json.loads(effect.receipt.detail_json) == {
+        "output": output
+    }
 
 
 def test_the_same_call_id_again_returns_the_recorded_output_without_running(ledger, admin_ledger, run_id):
@@ -130,8 +138,9 @@ def test_an_allowed_call_asked_before_it_runs_is_released_and_runs_once(ledger, 
     assert needs_approval(guarded, run_id, "call_1") is False
     invoke(guarded, run_id, "call_1")
 
-    effect = ledger.gate.GetEffect(gate_pb2.GetEffectRequest(
-        effect_id=authorize(ledger, run_id, "email.send", f"{run_id}/call_1").effect_id))
+    effect = ledger.gate.GetEffect(
+        gate_pb2.GetEffectRequest(effect_id=authorize(ledger, run_id, "email.send", f"{run_id}/call_1").effect_id)
+    )
     stages = [common_pb2.Stage.Name(attempt.stage) for attempt in effect.attempts]
     assert sorted(stages) == ["RELEASED", "SUCCEEDED"] and recorder.calls == [ARGUMENTS]
 
@@ -151,7 +160,9 @@ def test_a_raising_tool_leaves_the_effect_unknown_and_is_not_run_again(ledger, a
 def test_a_rejection_records_failed(ledger, admin_ledger, run_id):
     register(admin_ledger, "email.send")
     recorder = Recorder()
-    guarded = guard_function_tool(recorder.tool(fails_with=Rejected("no such mailbox")), ledger, ledger_tool="email.send")
+    guarded = guard_function_tool(
+        recorder.tool(fails_with=Rejected("no such mailbox")), ledger, ledger_tool="email.send"
+    )
     invoke(guarded, run_id, "call_1")
 
     again = authorize(ledger, run_id, "email.send", f"{run_id}/call_1")
@@ -159,10 +170,12 @@ def test_a_rejection_records_failed(ledger, admin_ledger, run_id):
 
 
 def scripted_agent(tool, call_id: str) -> Agent:
-    model = ScriptedModel([
-        [function_call(tool.name, ARGUMENTS, call_id=call_id)],
-        [assistant_message("done")],
-    ])
+    model = ScriptedModel(
+        [
+            [function_call(tool.name, ARGUMENTS, call_id=call_id)],
+            [assistant_message("done")],
+        ]
+    )
     return Agent(name="mailer", model=model, tools=[tool])
 
 
@@ -182,8 +195,9 @@ def test_the_sdk_run_interrupts_for_the_ledger_approval_and_runs_once_approved(
         approval = ledger.approvals.GetApproval(approvals_pb2.GetApprovalRequest(approval_id=approval_id))
         assert approvals_pb2.ApprovalState.Name(approval.state) == "PENDING" and approval.tool == IRREVERSIBLE_TOOL
 
-        reviewer_ledger.approvals.DecideApproval(approvals_pb2.DecideApprovalRequest(
-            approval_id=approval_id, approve=True, comment="checked"))
+        reviewer_ledger.approvals.DecideApproval(
+            approvals_pb2.DecideApprovalRequest(approval_id=approval_id, approve=True, comment="checked")
+        )
         state = result.to_state()
         state.approve(item)
         resumed = await Runner.run(agent, state, run_config=NO_TRACING)

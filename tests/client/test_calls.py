@@ -36,8 +36,11 @@ FORGED_TOKEN = "elt_forged_" + "x" * 40
 
 def test_unary_errors_carry_code_reason_metadata_and_violations(ledger, admin_ledger, run_id):
     with pytest.raises(InvalidArgument) as invalid:
-        ledger.gate.AuthorizeEffect(gate_pb2.AuthorizeEffectRequest(run_id=run_id, tool="t", idempotency_key="k",
-                                                                    target="x", arguments_json=b"[1"))
+        ledger.gate.AuthorizeEffect(
+            gate_pb2.AuthorizeEffectRequest(
+                run_id=run_id, tool="t", idempotency_key="k", target="x", arguments_json=b"[1"
+            )
+        )
     assert invalid.value.code == grpc.StatusCode.INVALID_ARGUMENT and invalid.value.reason
     assert invalid.value.violations and isinstance(invalid.value.violations[0], FieldViolation)
     assert invalid.value.violations[0].field == "arguments_json"
@@ -47,8 +50,11 @@ def test_unary_errors_carry_code_reason_metadata_and_violations(ledger, admin_le
     assert missing.value.code == grpc.StatusCode.NOT_FOUND and missing.value.metadata["resource_name"] == "eff_missing"
 
     with pytest.raises(PermissionDenied) as denied:
-        admin_ledger.gate.AuthorizeEffect(gate_pb2.AuthorizeEffectRequest(run_id=run_id, tool="t", idempotency_key="k",
-                                                                          target="x", arguments_json=b"{}"))
+        admin_ledger.gate.AuthorizeEffect(
+            gate_pb2.AuthorizeEffectRequest(
+                run_id=run_id, tool="t", idempotency_key="k", target="x", arguments_json=b"{}"
+            )
+        )
     assert denied.value.reason == "ROLE_REQUIRED"
 
 
@@ -59,8 +65,11 @@ def test_a_precondition_failure_is_typed(ledger, admin_ledger, run_id):
     with ledger.guard(run_id, "email.send", {"a": 1}, key="k1") as effect:
         effect.succeeded("ref")
     with pytest.raises(FailedPrecondition) as refused:
-        ledger.gate.AuthorizeEffect(gate_pb2.AuthorizeEffectRequest(
-            run_id=run_id, tool="email.send", idempotency_key="k1", target="email.send", arguments_json=b'{"a":2}'))
+        ledger.gate.AuthorizeEffect(
+            gate_pb2.AuthorizeEffectRequest(
+                run_id=run_id, tool="email.send", idempotency_key="k1", target="email.send", arguments_json=b'{"a":2}'
+            )
+        )
     assert refused.value.reason == "IDEMPOTENCY_KEY_REUSED" and refused.value.metadata["effect_id"] == effect.effect_id
 
 
@@ -131,7 +140,10 @@ def drained(ledger: Ledger, run_id: str) -> ResourceExhausted:
 def test_a_rate_limited_read_is_retried_after_the_retry_info_delay(limited, sleeps):
     server, tenant = limited
     token = tenant.tokens["agent"]
-    with Ledger(server.target, token, retry=RetryPolicy(attempts_max=1)) as once, Ledger(server.target, token) as retrying:
+    with (
+        Ledger(server.target, token, retry=RetryPolicy(attempts_max=1)) as once,
+        Ledger(server.target, token) as retrying,
+    ):
         time.sleep(1.5)  # a full bucket
         run_id = once.runs.CreateRun(runs_pb2.CreateRunRequest(request_id="r1")).run_id
         refusal = drained(once, run_id)
@@ -150,7 +162,10 @@ def test_a_rate_limited_read_is_retried_after_the_retry_info_delay(limited, slee
 def test_a_call_that_is_not_idempotent_is_not_retried(limited, sleeps):
     server, tenant = limited
     token = tenant.tokens["agent"]
-    with Ledger(server.target, token, retry=RetryPolicy(attempts_max=1)) as once, Ledger(server.target, token) as retrying:
+    with (
+        Ledger(server.target, token, retry=RetryPolicy(attempts_max=1)) as once,
+        Ledger(server.target, token) as retrying,
+    ):
         time.sleep(1.5)
         run_id = once.runs.CreateRun(runs_pb2.CreateRunRequest()).run_id
         drained(once, run_id)
@@ -163,16 +178,21 @@ def test_a_call_that_is_not_idempotent_is_not_retried(limited, sleeps):
 
 
 def test_the_retry_policy_bounds_attempts_and_total_time(sleeps):
-    with Ledger("127.0.0.1:1", "token", timeout_seconds=1,
-                retry=RetryPolicy(attempts_max=3, backoff_initial_seconds=0.05)) as nowhere:
+    with Ledger(
+        "127.0.0.1:1", "token", timeout_seconds=1, retry=RetryPolicy(attempts_max=3, backoff_initial_seconds=0.05)
+    ) as nowhere:
         with pytest.raises(Unavailable):
             nowhere.gate.GetEffect(gate_pb2.GetEffectRequest(effect_id="eff_x"))
         assert len(sleeps) == 2  # three attempts
         with pytest.raises(Unavailable):
             nowhere.gate.ReconcileEffect(gate_pb2.ReconcileEffectRequest(effect_id="eff_x"))
         assert len(sleeps) == 2  # not safe to repeat: one attempt
-    with Ledger("127.0.0.1:1", "token", timeout_seconds=1,
-                retry=RetryPolicy(attempts_max=100, backoff_initial_seconds=0.2, total_seconds_max=0.5)) as bounded:
+    with Ledger(
+        "127.0.0.1:1",
+        "token",
+        timeout_seconds=1,
+        retry=RetryPolicy(attempts_max=100, backoff_initial_seconds=0.2, total_seconds_max=0.5),
+    ) as bounded:
         started = time.monotonic()
         with pytest.raises(Unavailable):
             bounded.gate.GetEffect(gate_pb2.GetEffectRequest(effect_id="eff_x"))
@@ -194,7 +214,8 @@ def mtls_server(pki, sqlite_url):
     from e2e.test_tls import TlsServerProcess, credentials, tls_flags
 
     running = TlsServerProcess(
-        sqlite_url, [*tls_flags(pki), "--tls-client-ca", pki.path("ca.pem")],
+        sqlite_url,
+        [*tls_flags(pki), "--tls-client-ca", pki.path("ca.pem")],
         channel_credentials=credentials(pki, "client"),
     ).start()
     yield running
@@ -205,14 +226,26 @@ def test_tls_options_as_paths_and_as_bytes(mtls_server, pki, sqlite_url):
     tenant = new_tenant(sqlite_url)
     token = tenant.tokens["agent"]
     target = f"localhost:{mtls_server.port}"
-    with Ledger(target, token, root_certificates=pki.path("ca.pem"), client_certificate=Path(pki.path("client.pem")),
-                client_key=pki.path("client-key.pem")) as by_path:
+    with Ledger(
+        target,
+        token,
+        root_certificates=pki.path("ca.pem"),
+        client_certificate=Path(pki.path("client.pem")),
+        client_key=pki.path("client-key.pem"),
+    ) as by_path:
         assert by_path.runs.CreateRun(runs_pb2.CreateRunRequest()).run_id
-    with Ledger(target, token, root_certificates=pki.read("ca.pem"), client_certificate=pki.read("client.pem"),
-                client_key=pki.read("client-key.pem")) as by_bytes:
+    with Ledger(
+        target,
+        token,
+        root_certificates=pki.read("ca.pem"),
+        client_certificate=pki.read("client.pem"),
+        client_key=pki.read("client-key.pem"),
+    ) as by_bytes:
         assert by_bytes.runs.CreateRun(runs_pb2.CreateRunRequest()).run_id
     retry_once = RetryPolicy(attempts_max=1)
-    no_client_certificate = Ledger(target, token, root_certificates=pki.path("ca.pem"), retry=retry_once, timeout_seconds=5)
+    no_client_certificate = Ledger(
+        target, token, root_certificates=pki.path("ca.pem"), retry=retry_once, timeout_seconds=5
+    )
     with no_client_certificate, pytest.raises(Unavailable):
         no_client_certificate.runs.CreateRun(runs_pb2.CreateRunRequest())
     plaintext = Ledger(target, token, retry=retry_once, timeout_seconds=5)
@@ -224,8 +257,13 @@ def test_tls_options_as_paths_and_as_bytes(mtls_server, pki, sqlite_url):
 
 async def test_async_tls(mtls_server, pki, sqlite_url):
     tenant = new_tenant(sqlite_url)
-    aio = AsyncLedger(f"localhost:{mtls_server.port}", tenant.tokens["agent"], root_certificates=pki.path("ca.pem"),
-                      client_certificate=pki.path("client.pem"), client_key=pki.path("client-key.pem"))
+    aio = AsyncLedger(
+        f"localhost:{mtls_server.port}",
+        tenant.tokens["agent"],
+        root_certificates=pki.path("ca.pem"),
+        client_certificate=pki.path("client.pem"),
+        client_key=pki.path("client-key.pem"),
+    )
     try:
         assert (await aio.runs.CreateRun(runs_pb2.CreateRunRequest())).run_id
     finally:

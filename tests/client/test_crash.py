@@ -20,7 +20,7 @@ from effect_ledger_client.proto import common_pb2, gate_pb2, runs_pb2
 from .conftest import register
 
 LEASE_SECONDS = 2
-AGENT = r'''
+AGENT = r"""
 import json, sys, time
 from pathlib import Path
 from effect_ledger_client import Ledger, ReconcileRequired
@@ -37,13 +37,15 @@ with Ledger(target, token) as ledger:
             effect.succeeded("msg-1")
     except ReconcileRequired as required:
         print(json.dumps({"reconcile_required": required.effect_id, "stage": required.stage}))
-'''
+"""
 
 
 def start_agent(script: Path, server, token: str, run_id: str, key: str, folder: Path) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, str(script), server.target, token, run_id, key, str(folder)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -71,8 +73,9 @@ def test_a_body_killed_after_dispatch_never_runs_again(server, tenant, admin_led
         run_id = ledger.runs.CreateRun(runs_pb2.CreateRunRequest()).run_id
         first = start_agent(script, server, token, run_id, "crash-1", tmp_path)
         try:
-            effect_id = wait_for(lambda: (tmp_path / "in-body").exists() and (tmp_path / "in-body").read_text(),
-                                 30, "the body to start")
+            effect_id = wait_for(
+                lambda: (tmp_path / "in-body").exists() and (tmp_path / "in-body").read_text(), 30, "the body to start"
+            )
             assert effect_stage(ledger, effect_id) == "DISPATCHED"
         finally:
             first.send_signal(signal.SIGKILL)

@@ -100,7 +100,12 @@ def test_the_client_imports_without_the_servers_generated_package(tmp_path):
         "print(gate_pb2.AuthorizeEffectRequest(begin_dispatched=True).begin_dispatched)\n"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
         env={"PYTHONPATH": f"{tmp_path}:{CLIENT}", "PATH": "/usr/bin:/bin"},
     )
     assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr

@@ -42,11 +42,13 @@ def attempt_stage(effect: gate_pb2.Effect, number: int = 0) -> str:
 
 def test_allow_runs_the_body_dispatched_and_records_its_receipt(ledger, admin_ledger, run_id):
     register(admin_ledger)
-    admin_ledger.budgets.PutBudget(budgets_pb2.PutBudgetRequest(
-        scope=budgets_pb2.RUN, scope_id=run_id, dimension="emails", limit=10))
+    admin_ledger.budgets.PutBudget(
+        budgets_pb2.PutBudgetRequest(scope=budgets_pb2.RUN, scope_id=run_id, dimension="emails", limit=10)
+    )
     seen = {}
-    with ledger.guard(run_id, "email.send", ARGUMENTS, key="welcome-42", target="mailto:bob@example.com",
-                      estimate={"emails": 1}) as effect:
+    with ledger.guard(
+        run_id, "email.send", ARGUMENTS, key="welcome-42", target="mailto:bob@example.com", estimate={"emails": 1}
+    ) as effect:
         during = effect_of(ledger, effect.effect_id)
         seen["stage"], seen["key"] = attempt_stage(during), during.attempts[0].provider_idempotency_key
         receipt = effect.succeeded("msg-1", detail={"status": "queued"}, usage={"emails": 1})
@@ -55,7 +57,9 @@ def test_allow_runs_the_body_dispatched_and_records_its_receipt(ledger, admin_le
     stored = effect_of(ledger, effect.effect_id)
     assert stage(stored) == "SUCCEEDED" and stored.idempotency_key == "welcome-42"
     assert stored.target == "mailto:bob@example.com" and json.loads(stored.arguments_json) == ARGUMENTS
-    assert stored.receipt.provider_reference == "msg-1" and json.loads(stored.receipt.detail_json) == {"status": "queued"}
+    assert stored.receipt.provider_reference == "msg-1" and json.loads(stored.receipt.detail_json) == {
+        "status": "queued"
+    }
     assert receipt == Receipt.from_proto(stored.receipt) and receipt.digest and receipt.detail == {"status": "queued"}
     assert effect.reported
     (budget,) = ledger.budgets.GetBudget(budgets_pb2.GetBudgetRequest(scope=budgets_pb2.RUN, scope_id=run_id)).budgets
@@ -106,7 +110,10 @@ def test_a_body_that_reports_nothing_leaves_the_effect_unknown(ledger, admin_led
 
 def test_rejected_is_recorded_failed_and_re_raised(ledger, admin_ledger, run_id):
     register(admin_ledger)
-    with pytest.raises(Rejected, match="mailbox does not exist"), ledger.guard(run_id, "email.send", ARGUMENTS, key="k1") as effect:
+    with (
+        pytest.raises(Rejected, match="mailbox does not exist"),
+        ledger.guard(run_id, "email.send", ARGUMENTS, key="k1") as effect,
+    ):
         raise Rejected("mailbox does not exist")
     stored = effect_of(ledger, effect.effect_id)
     assert stage(stored) == "FAILED" and stored.attempts[0].outcome_reason == "mailbox does not exist"
@@ -142,8 +149,12 @@ def test_duplicate_in_the_decorator_returns_the_stored_receipt_without_calling(l
     register(admin_ledger)
     calls = []
 
-    @ledger.guarded("email.send", run_id=run_id, key=lambda call: f"welcome/{call['to']}",
-                    target=lambda call: f"mailto:{call['to']}")
+    @ledger.guarded(
+        "email.send",
+        run_id=run_id,
+        key=lambda call: f"welcome/{call['to']}",
+        target=lambda call: f"mailto:{call['to']}",
+    )
     def send_welcome(to: str, subject: str = "Welcome", *, effect):
         calls.append((to, subject, effect.provider_key))
         return effect.succeeded(f"msg-{len(calls)}")
@@ -161,8 +172,9 @@ def test_the_decorator_sends_the_call_arguments_and_needs_an_effect_parameter(le
     register(admin_ledger)
     seen = {}
 
-    @ledger.guarded("email.send", run_id=lambda call: call["run"], key="fixed-key",
-                    arguments=lambda call: {"to": call["to"]})
+    @ledger.guarded(
+        "email.send", run_id=lambda call: call["run"], key="fixed-key", arguments=lambda call: {"to": call["to"]}
+    )
     def send(run, to, *, effect):
         seen["effect_id"] = effect.effect_id
         effect.succeeded("msg-1")
@@ -205,8 +217,11 @@ def decide_when_pending(reviewer_ledger, run_id: str, approve: bool, found: list
             if pending:
                 found.append(pending[0].approval_id)
                 time.sleep(0.5)  # let the guard start watching first
-                reviewer_ledger.approvals.DecideApproval(approvals_pb2.DecideApprovalRequest(
-                    approval_id=pending[0].approval_id, approve=approve, comment="checked by hand"))
+                reviewer_ledger.approvals.DecideApproval(
+                    approvals_pb2.DecideApprovalRequest(
+                        approval_id=pending[0].approval_id, approve=approve, comment="checked by hand"
+                    )
+                )
                 return
             time.sleep(0.1)
 
@@ -219,8 +234,9 @@ def test_require_approval_waits_for_a_reviewer_then_runs_the_body(ledger, admin_
     register_irreversible(admin_ledger)
     found: list[str] = []
     reviewer = decide_when_pending(reviewer_ledger, run_id, True, found)
-    with ledger.guard(run_id, IRREVERSIBLE_TOOL, {"amount": 100}, key="wire-1", target="bank:acct-1",
-                      approval_timeout_seconds=60) as effect:
+    with ledger.guard(
+        run_id, IRREVERSIBLE_TOOL, {"amount": 100}, key="wire-1", target="bank:acct-1", approval_timeout_seconds=60
+    ) as effect:
         receipt = effect.succeeded("wire-ref-1")
     reviewer.join(5)
     assert found and effect.response.approval_id == found[0] and receipt.reference == "wire-ref-1"
@@ -234,7 +250,10 @@ def test_a_denied_approval_raises_approval_denied(ledger, admin_ledger, reviewer
     found: list[str] = []
     decide_when_pending(reviewer_ledger, run_id, False, found)
     body_ran = False
-    with pytest.raises(ApprovalDenied) as denied, ledger.guard(run_id, IRREVERSIBLE_TOOL, {"amount": 100}, key="wire-1", approval_timeout_seconds=60):
+    with (
+        pytest.raises(ApprovalDenied) as denied,
+        ledger.guard(run_id, IRREVERSIBLE_TOOL, {"amount": 100}, key="wire-1", approval_timeout_seconds=60),
+    ):
         body_ran = True
     assert not body_ran and denied.value.approval_id == found[0]
     assert [reason.code for reason in denied.value.reasons] == ["APPROVAL_DENIED"]
@@ -244,7 +263,10 @@ def test_an_approval_not_decided_in_time_raises_approval_timeout(ledger, admin_l
     register_irreversible(admin_ledger)
     started = time.monotonic()
     body_ran = False
-    with pytest.raises(ApprovalTimeout) as timeout, ledger.guard(run_id, IRREVERSIBLE_TOOL, {"amount": 100}, key="wire-1", approval_timeout_seconds=1.5):
+    with (
+        pytest.raises(ApprovalTimeout) as timeout,
+        ledger.guard(run_id, IRREVERSIBLE_TOOL, {"amount": 100}, key="wire-1", approval_timeout_seconds=1.5),
+    ):
         body_ran = True
     waited = time.monotonic() - started
     assert not body_ran and 1.5 <= waited < 10
@@ -293,9 +315,11 @@ def test_the_approval_wait_outlives_the_servers_stream_lifetime(sqlite_url):
     server = ServerProcess(sqlite_url, ["--stream-lifetime-max-seconds", "1"]).start()
     tenant = new_tenant(sqlite_url)
     try:
-        with Ledger(server.target, tenant.tokens["agent"]) as agent, \
-                Ledger(server.target, tenant.tokens["admin"]) as admin, \
-                Ledger(server.target, tenant.tokens["reviewer"]) as reviewer:
+        with (
+            Ledger(server.target, tenant.tokens["agent"]) as agent,
+            Ledger(server.target, tenant.tokens["admin"]) as admin,
+            Ledger(server.target, tenant.tokens["reviewer"]) as reviewer,
+        ):
             register_irreversible(admin)
             run_id = agent.runs.CreateRun(runs_pb2.CreateRunRequest()).run_id
             found: list[str] = []

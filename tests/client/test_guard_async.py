@@ -130,12 +130,16 @@ async def test_require_approval_then_a_reviewer_approves(aio, aio_reviewer, admi
 
     async def review():
         while True:
-            pending = (await aio_reviewer.approvals.ListApprovals(
-                approvals_pb2.ListApprovalsRequest(run_id=run_id, state=approvals_pb2.PENDING))).approvals
+            pending = (
+                await aio_reviewer.approvals.ListApprovals(
+                    approvals_pb2.ListApprovalsRequest(run_id=run_id, state=approvals_pb2.PENDING)
+                )
+            ).approvals
             if pending:
                 await asyncio.sleep(0.5)
-                await aio_reviewer.approvals.DecideApproval(approvals_pb2.DecideApprovalRequest(
-                    approval_id=pending[0].approval_id, approve=True, comment="ok"))
+                await aio_reviewer.approvals.DecideApproval(
+                    approvals_pb2.DecideApprovalRequest(approval_id=pending[0].approval_id, approve=True, comment="ok")
+                )
                 return pending[0].approval_id
             await asyncio.sleep(0.1)
 

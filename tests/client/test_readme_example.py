@@ -27,7 +27,7 @@ def python_blocks(path: Path, section: str) -> list[str]:
     heading = re.search(rf"^(#+) {re.escape(section)}\n", text, re.MULTILINE)
     assert heading, f"{path.name}: no section {section!r}"
     level = len(heading.group(1))
-    rest = text[heading.end():]
+    rest = text[heading.end() :]
     following = re.search(rf"^#{{1,{level}}} ", rest, re.MULTILINE)
     body = rest[: following.start()] if following else rest
     return [textwrap.dedent(block) for block in re.findall(r"```python\n(.*?)```", body, re.DOTALL)]
@@ -47,8 +47,10 @@ def effects_of_run(server, token: str, run_id: str) -> list[gate_pb2.Effect]:
     with Ledger(server.target, token) as reader:
         events = reader.runs.ListRunEvents(runs_pb2.ListRunEventsRequest(run_id=run_id)).events
         effect_ids = {json.loads(event.payload_json or b"{}").get("effect_id") for event in events}
-        return [reader.gate.GetEffect(gate_pb2.GetEffectRequest(effect_id=effect_id))
-                for effect_id in sorted(filter(None, effect_ids))]
+        return [
+            reader.gate.GetEffect(gate_pb2.GetEffectRequest(effect_id=effect_id))
+            for effect_id in sorted(filter(None, effect_ids))
+        ]
 
 
 def test_the_worked_example_runs_and_sends_once(server, tenant):
@@ -72,7 +74,9 @@ def test_the_worked_example_runs_and_sends_once(server, tenant):
     assert again.strip() == "msg-8841" and namespace["run"].run_id == run_id
     (effect,) = effects_of_run(server, tenant.tokens["mailer-agent"], run_id)
     assert common_pb2.Stage.Name(effect.stage) == "SUCCEEDED" and len(effect.attempts) == 1
-    assert effect.target == "mailto:bob@example.com" and effect.idempotency_key == "ticket-4711/reply-to-bob@example.com"
+    assert (
+        effect.target == "mailto:bob@example.com" and effect.idempotency_key == "ticket-4711/reply-to-bob@example.com"
+    )
 
 
 class FakeMailer:

@@ -152,9 +152,7 @@ def last_sequence(url: str, tenant) -> int:
 
 
 def committed_transactions(url: str) -> int:
-    ((value,),) = admin_query(
-        "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", (database_name(url),)
-    )
+    ((value,),) = admin_query("SELECT xact_commit FROM pg_stat_database WHERE datname = %s", (database_name(url),))
     return value
 
 
@@ -210,12 +208,18 @@ def test_a_request_filed_through_another_server_process_reaches_the_stream(pair)
     url, (first, second), tenant = pair
     before = wait_for_listener(first, url)
     backlog = last_sequence(url, tenant)
-    with tenant.client(first, "auditor") as auditor, stream(auditor, after_sequence=backlog) as watching, \
-            tenant.client(second, "agent") as agent, tenant.client(second, "reviewer") as reviewer:
+    with (
+        tenant.client(first, "auditor") as auditor,
+        stream(auditor, after_sequence=backlog) as watching,
+        tenant.client(second, "agent") as agent,
+        tenant.client(second, "reviewer") as reviewer,
+    ):
         requested = request_approval(agent, new_run(agent), arguments=b'{"amount":2}')
         event = watching.next()
         assert (event.sequence, event.type, event.approval.approval_id) == (
-            backlog + 1, "approval.requested", requested.approval_id
+            backlog + 1,
+            "approval.requested",
+            requested.approval_id,
         )
         decide(reviewer, requested.approval_id)
         assert watching.next().type == "approval.approved"
@@ -260,8 +264,11 @@ def test_a_change_committed_by_another_database_connection_reaches_the_stream(pa
 def test_the_stream_keeps_receiving_after_the_listen_connection_is_killed(pair):
     url, (first, second), tenant = pair
     backlog = last_sequence(url, tenant)
-    with tenant.client(first, "auditor") as auditor, stream(auditor, after_sequence=backlog) as watching, \
-            tenant.client(second, "agent") as agent:
+    with (
+        tenant.client(first, "auditor") as auditor,
+        stream(auditor, after_sequence=backlog) as watching,
+        tenant.client(second, "agent") as agent,
+    ):
         run_id = new_run(agent)
         killed, *_ = wait_for_listener(first, url)
         ((terminated,),) = admin_query("SELECT pg_terminate_backend(%s)", (killed,))

@@ -53,7 +53,11 @@ EXPIRED = approvals_pb2.EXPIRED
 
 def irreversible(tool: str = WIRE, lease_seconds: int = 60):
     return contract(
-        tool, effect_class=common_pb2.IRREVERSIBLE, provider_idempotency=False, max_attempts=1, lease_seconds=lease_seconds
+        tool,
+        effect_class=common_pb2.IRREVERSIBLE,
+        provider_idempotency=False,
+        max_attempts=1,
+        lease_seconds=lease_seconds,
     )
 
 
@@ -80,13 +84,25 @@ def decide(client, approval_id: str, approve: bool = True, comment: str = "looks
 
 
 def request_approval(
-    client, run_id: str, *, tool: str = WIRE, arguments: bytes = ARGS_A, target: str = TARGET,
-    reusable: bool = False, ttl_seconds: int = 0, reason: str = "please",
+    client,
+    run_id: str,
+    *,
+    tool: str = WIRE,
+    arguments: bytes = ARGS_A,
+    target: str = TARGET,
+    reusable: bool = False,
+    ttl_seconds: int = 0,
+    reason: str = "please",
 ) -> approvals_pb2.Approval:
     return client.approvals.RequestApproval(
         approvals_pb2.RequestApprovalRequest(
-            run_id=run_id, tool=tool, arguments_json=arguments, target=target,
-            reason=reason, reusable=reusable, ttl_seconds=ttl_seconds,
+            run_id=run_id,
+            tool=tool,
+            arguments_json=arguments,
+            target=target,
+            reason=reason,
+            reusable=reusable,
+            ttl_seconds=ttl_seconds,
         )
     )
 
@@ -318,7 +334,9 @@ def test_an_expired_approval_does_not_allow_and_cannot_be_decided(tenant, server
     with raises_error("FAILED_PRECONDITION", "APPROVAL_EXPIRED"):
         decide(reviewer, pending.approval_id, approve=False, comment="too late anyway")
     assert len(get(agent, pending.approval_id).votes) == 0
-    assert sorted(ids(listed(agent, run_id=run_id, state=EXPIRED))) == sorted([approved.approval_id, pending.approval_id])
+    assert sorted(ids(listed(agent, run_id=run_id, state=EXPIRED))) == sorted(
+        [approved.approval_id, pending.approval_id]
+    )
     reviewer2.close()
 
 
@@ -448,7 +466,9 @@ def test_list_approvals_filters_and_pages(agent, admin, reviewer):
     expired = request_approval(agent, run2, arguments=args(0), ttl_seconds=1).approval_id
     pending = [request_approval(agent, run1, arguments=args(n)).approval_id for n in range(1, 6)]
     approved = decide(reviewer, request_approval(agent, run1, arguments=args(10)).approval_id).approval_id
-    denied = decide(reviewer, request_approval(agent, run1, tool=DROP, arguments=args(11)).approval_id, False, "no").approval_id
+    denied = decide(
+        reviewer, request_approval(agent, run1, tool=DROP, arguments=args(11)).approval_id, False, "no"
+    ).approval_id
     revoked = revoke(reviewer, request_approval(agent, run2, arguments=args(12)).approval_id).approval_id
     consumed = decide(reviewer, request_approval(agent, run2, tool=DROP, arguments=args(13)).approval_id).approval_id
     allowed = agent.gate.AuthorizeEffect(wire(run2, "k-consume", tool=DROP, arguments=args(13)))
@@ -461,8 +481,12 @@ def test_list_approvals_filters_and_pages(agent, admin, reviewer):
     for approval in everything:
         by_state[state_name(approval.state)].add(approval.approval_id)
     assert by_state == {
-        "PENDING": set(pending), "APPROVED": {approved}, "DENIED": {denied},
-        "REVOKED": {revoked}, "CONSUMED": {consumed}, "EXPIRED": {expired},
+        "PENDING": set(pending),
+        "APPROVED": {approved},
+        "DENIED": {denied},
+        "REVOKED": {revoked},
+        "CONSUMED": {consumed},
+        "EXPIRED": {expired},
     }
     for state, expected in by_state.items():
         found = listed(agent, state=approvals_pb2.ApprovalState.Value(state))
@@ -499,18 +523,21 @@ def test_watch_approvals_delivers_every_event_in_order_and_resumes(server, tenan
     admin.tools.PutToolContract(irreversible())
     run1, run2 = new_run(agent), new_run(agent)
 
-    a1 = agent.gate.AuthorizeEffect(wire(run1, "k1")).approval_request_id   # 1 requested
-    decide(reviewer, a1)                                                     # 2 approved
-    allowed = agent.gate.AuthorizeEffect(wire(run1, "k1"))                   # 3 consumed
+    a1 = agent.gate.AuthorizeEffect(wire(run1, "k1")).approval_request_id  # 1 requested
+    decide(reviewer, a1)  # 2 approved
+    allowed = agent.gate.AuthorizeEffect(wire(run1, "k1"))  # 3 consumed
     assert outcome_name(allowed) == "ALLOW"
-    a2 = request_approval(agent, run2).approval_id                           # 4 requested
-    decide(reviewer, a2, approve=False, comment="no")                        # 5 denied
+    a2 = request_approval(agent, run2).approval_id  # 4 requested
+    decide(reviewer, a2, approve=False, comment="no")  # 5 denied
 
     before = watch(agent, seconds=1.5)
     assert_consecutive(before, 1)
     assert [(e.type, e.approval.approval_id) for e in before] == [
-        ("approval.requested", a1), ("approval.approved", a1), ("approval.consumed", a1),
-        ("approval.requested", a2), ("approval.denied", a2),
+        ("approval.requested", a1),
+        ("approval.approved", a1),
+        ("approval.consumed", a1),
+        ("approval.requested", a2),
+        ("approval.denied", a2),
     ]
     assert [e.principal_id for e in before] == ["agent", "reviewer", "agent", "agent", "reviewer"]
     assert before[2].approval.consumed_by_attempt == allowed.attempt_id
@@ -522,15 +549,18 @@ def test_watch_approvals_delivers_every_event_in_order_and_resumes(server, tenan
     watcher = threading.Thread(target=lambda: resumed.extend(watch(watcher_client, after_sequence=last, seconds=4.0)))
     watcher.start()
     time.sleep(0.3)
-    a3 = request_approval(agent, run1, arguments=ARGS_B).approval_id          # 6 requested
-    revoke(reviewer, a3)                                                      # 7 revoked
+    a3 = request_approval(agent, run1, arguments=ARGS_B).approval_id  # 6 requested
+    revoke(reviewer, a3)  # 7 revoked
     a4 = agent.gate.AuthorizeEffect(wire(run2, "k4", arguments=ARGS_B)).approval_request_id  # 8 requested
-    decide(reviewer, a4)                                                      # 9 approved
+    decide(reviewer, a4)  # 9 approved
     watcher.join()
     watcher_client.close()
     assert_consecutive(resumed, last + 1)
     assert [(e.type, e.approval.approval_id) for e in resumed] == [
-        ("approval.requested", a3), ("approval.revoked", a3), ("approval.requested", a4), ("approval.approved", a4),
+        ("approval.requested", a3),
+        ("approval.revoked", a3),
+        ("approval.requested", a4),
+        ("approval.approved", a4),
     ]
 
     everything = watch(agent, seconds=1.0)
@@ -579,7 +609,9 @@ def policy_server(database_url, tmp_path_factory):
 
 def test_a_quorum_needs_distinct_reviewers(policy_server, tenant):
     tenant.add("reviewer2", "reviewer")
-    agent, admin, reviewer, reviewer2 = (tenant.client(policy_server, p) for p in ("agent", "admin", "reviewer", "reviewer2"))
+    agent, admin, reviewer, reviewer2 = (
+        tenant.client(policy_server, p) for p in ("agent", "admin", "reviewer", "reviewer2")
+    )
     admin.tools.PutToolContract(irreversible(QUORUM_TOOL))
     run_id = new_run(agent)
     asked = agent.gate.AuthorizeEffect(wire(run_id, "k1", tool=QUORUM_TOOL))

@@ -46,8 +46,13 @@ def cluster():
     with servers_on_fresh_database("el_apr", SERVERS) as (url, servers, tenant):
         with tenant.client(servers[0], "admin") as admin:
             admin.tools.PutToolContract(
-                contract(TOOL, effect_class=common_pb2.IRREVERSIBLE, provider_idempotency=False, max_attempts=1,
-                         lease_seconds=3600)
+                contract(
+                    TOOL,
+                    effect_class=common_pb2.IRREVERSIBLE,
+                    provider_idempotency=False,
+                    max_attempts=1,
+                    lease_seconds=3600,
+                )
             )
         yield servers, tenant
 
@@ -105,11 +110,13 @@ async def test_one_approval_allows_exactly_one_of_many_concurrent_authorizations
             arguments = json.dumps({"amount": 100 + round_number, "to": "acct-1"}).encode()
             approval = await channels.approvals[round_number % SERVERS].RequestApproval(
                 approvals_pb2.RequestApprovalRequest(run_id=run_id, tool=TOOL, arguments_json=arguments, target=TARGET),
-                metadata=channels.agent, **options,
+                metadata=channels.agent,
+                **options,
             )
             decided = await channels.approvals[(round_number + 1) % SERVERS].DecideApproval(
                 approvals_pb2.DecideApprovalRequest(approval_id=approval.approval_id, approve=True, comment="ok"),
-                metadata=channels.reviewer, **options,
+                metadata=channels.reviewer,
+                **options,
             )
             assert decided.state == approvals_pb2.APPROVED
 
@@ -127,7 +134,9 @@ async def test_one_approval_allows_exactly_one_of_many_concurrent_authorizations
             (winner,) = allowed
             assert winner.approval_id == approval.approval_id and winner.attempt_id
             assert all(
-                result.approval_request_id and result.approval_request_id != approval.approval_id and not result.attempt_id
+                result.approval_request_id
+                and result.approval_request_id != approval.approval_id
+                and not result.attempt_id
                 for result in others
             ), answers
             assert len({result.intent_digest for result in results}) == 1
@@ -142,14 +151,17 @@ async def test_one_approval_allows_exactly_one_of_many_concurrent_authorizations
             effect = await channels.gates[1].GetEffect(
                 gate_pb2.GetEffectRequest(effect_id=winner.effect_id), metadata=channels.agent, **options
             )
-            assert [(a.attempt_id, a.approval_id) for a in effect.attempts] == [(winner.attempt_id, approval.approval_id)]
+            assert [(a.attempt_id, a.approval_id) for a in effect.attempts] == [
+                (winner.attempt_id, approval.approval_id)
+            ]
             for result in others:
                 # No effect was created for a refused key.
                 assert not result.effect_id
 
         pending = await channels.approvals[1].ListApprovals(
             approvals_pb2.ListApprovalsRequest(run_id=run_id, state=approvals_pb2.PENDING, page_size=500),
-            metadata=channels.agent, **options,
+            metadata=channels.agent,
+            **options,
         )
         assert len(pending.approvals) == ROUNDS  # one new request per intent
         assert len({approval.intent_digest for approval in pending.approvals}) == ROUNDS
@@ -188,7 +200,9 @@ async def test_concurrent_require_approval_creates_one_request_per_intent(cluste
                 isinstance(result, gate_pb2.AuthorizeEffectResponse) and result.outcome == common_pb2.REQUIRE_APPROVAL
                 for result in results
             ), answers
-            assert len({result.approval_request_id for result in results}) == 1, [r.approval_request_id for r in results]
+            assert len({result.approval_request_id for result in results}) == 1, [
+                r.approval_request_id for r in results
+            ]
         listed = await channels.approvals[0].ListApprovals(
             approvals_pb2.ListApprovalsRequest(run_id=run_id, page_size=500), metadata=channels.agent, **options
         )

@@ -58,7 +58,10 @@ class BudgetsClient:
     def put(self, scope: int, dimension: str, limit: int, scope_id: str = "", reset_period_seconds: int = 0):
         return self.stub.PutBudget(
             budgets_pb2.PutBudgetRequest(
-                scope=scope, scope_id=scope_id, dimension=dimension, limit=limit,
+                scope=scope,
+                scope_id=scope_id,
+                dimension=dimension,
+                limit=limit,
                 reset_period_seconds=reset_period_seconds,
             )
         )
@@ -71,8 +74,16 @@ class BudgetsClient:
         assert len(found) == 1, found
         return found[0]
 
-    def usage(self, run_id: str, usage: dict[str, int], *, provider: str = "openai", model: str = "gpt-x",
-              segment: str = "s1", request_id: str = "") -> budgets_pb2.RecordUsageResponse:
+    def usage(
+        self,
+        run_id: str,
+        usage: dict[str, int],
+        *,
+        provider: str = "openai",
+        model: str = "gpt-x",
+        segment: str = "s1",
+        request_id: str = "",
+    ) -> budgets_pb2.RecordUsageResponse:
         return self.stub.RecordUsage(
             budgets_pb2.RecordUsageRequest(
                 run_id=run_id, provider=provider, model=model, segment=segment, usage=usage, request_id=request_id
@@ -119,10 +130,20 @@ def state_of(database_url: str, tenant, reservation_id: str) -> tuple[str, int]:
     return rows[0].state, rows[0].posted_amount
 
 
-def authorize(run_id: str, key: str, estimate: dict[str, int] | None = None, *, tool: str = TOOL,
-              target: str | None = None, arguments: bytes | None = None) -> gate_pb2.AuthorizeEffectRequest:
+def authorize(
+    run_id: str,
+    key: str,
+    estimate: dict[str, int] | None = None,
+    *,
+    tool: str = TOOL,
+    target: str | None = None,
+    arguments: bytes | None = None,
+) -> gate_pb2.AuthorizeEffectRequest:
     request = authorize_request(
-        run_id, key, tool=tool, target=target or f"mailto:{key}@example.com",
+        run_id,
+        key,
+        tool=tool,
+        target=target or f"mailto:{key}@example.com",
         **({"arguments": arguments} if arguments is not None else {}),
     )
     request.estimate.update(estimate or {})
@@ -187,7 +208,9 @@ def test_put_budget_is_for_admins_in_every_scope_and_get_budget_shows_the_counte
     run_budget = budgets.put(RUN, "tokens_in", 700, scope_id=run_id)
     tree_budget = budgets.put(RUN_TREE, "tool_calls", 3, scope_id=run_id)
     for made, scope, scope_id, limit in (
-        (tenant_budget, TENANT, "", 5000), (run_budget, RUN, run_id, 700), (tree_budget, RUN_TREE, run_id, 3)
+        (tenant_budget, TENANT, "", 5000),
+        (run_budget, RUN, run_id, 700),
+        (tree_budget, RUN_TREE, run_id, 3),
     ):
         assert made.budget_id and made.scope == scope and made.scope_id == scope_id
         assert (made.limit, *counters(made)) == (limit, 0, 0, limit) and not made.exhausted
@@ -256,7 +279,9 @@ def test_sixteen_concurrent_authorizations_of_100_against_1000_allow_exactly_ten
     budget = budgets.put(TENANT, USD, 1000)
     run_id = new_run(agent)
     with ThreadPoolExecutor(16) as pool:
-        answers = list(pool.map(lambda i: agent.gate.AuthorizeEffect(authorize(run_id, f"k{i}", {USD: 100})), range(16)))
+        answers = list(
+            pool.map(lambda i: agent.gate.AuthorizeEffect(authorize(run_id, f"k{i}", {USD: 100})), range(16))
+        )
 
     assert Counter(outcome_name(a) for a in answers) == {"ALLOW": 10, "DENY": 6}
     allowed = [a for a in answers if outcome_name(a) == "ALLOW"]
@@ -305,7 +330,9 @@ def test_a_contract_default_estimate_is_a_floor_the_request_may_raise_never_lowe
         answer = agent.gate.AuthorizeEffect(authorize(run_id, key, estimate))
         assert outcome_name(answer) == "ALLOW" and len(answer.reservation_ids) == 2
         attempts[answer.attempt_id] = key
-        decision = json.loads(agent.gate.GetDecision(gate_pb2.GetDecisionRequest(decision_id=answer.decision_id)).input_json)
+        decision = json.loads(
+            agent.gate.GetDecision(gate_pb2.GetDecisionRequest(decision_id=answer.decision_id)).input_json
+        )
         # Policy sees what the ledger reserves and, apart, what the caller asked for.
         assert decision["estimate"] == expected
         assert decision["request"]["estimate"] == estimate

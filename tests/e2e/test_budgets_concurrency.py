@@ -245,8 +245,11 @@ async def storm(cluster: Cluster, plans: list[Plan]) -> Outcomes:
 
         async def one(plan: Plan) -> None:
             request = authorize_request(
-                run_ids[plan.index % RUNS], f"charge-{plan.index}", tool=TOOL,
-                arguments=b'{"amount":%d}' % plan.estimate, target=f"card:{plan.index}",
+                run_ids[plan.index % RUNS],
+                f"charge-{plan.index}",
+                tool=TOOL,
+                arguments=b'{"amount":%d}' % plan.estimate,
+                target=f"card:{plan.index}",
             )
             request.estimate[USD] = plan.estimate
             await asyncio.sleep(plan.delay)

@@ -208,7 +208,10 @@ class Intent:
 
     def request(self) -> gate_pb2.AuthorizeEffectRequest:
         return gate_pb2.AuthorizeEffectRequest(
-            run_id=self.run_id, tool=self.tool, target=self.target, arguments_json=self.arguments,
+            run_id=self.run_id,
+            tool=self.tool,
+            target=self.target,
+            arguments_json=self.arguments,
             idempotency_key=self.key,
         )
 
@@ -408,16 +411,19 @@ class Runtime(Actor):
         self.counts[f"{label}: sent"] += 1
         if behaviour == "vanish":
             if self.rng.random() < 0.5:
-                self.client().outcome(unknown(attempt_id, "the runtime lost the provider's answer"),
-                                      timeout=CALL_TIMEOUT_SECONDS, **tag)
+                self.client().outcome(
+                    unknown(attempt_id, "the runtime lost the provider's answer"), timeout=CALL_TIMEOUT_SECONDS, **tag
+                )
             return
-        reported = self.client().outcome(succeeded(attempt_id, reference, RECEIPT_DETAIL),
-                                         timeout=CALL_TIMEOUT_SECONDS, **tag)
+        reported = self.client().outcome(
+            succeeded(attempt_id, reference, RECEIPT_DETAIL), timeout=CALL_TIMEOUT_SECONDS, **tag
+        )
         self.counts[f"{label}: report {self.answer(reported)}"] += 1
         if reported.type == "info" and self.rng.random() < 0.5:
             # The report may be lost: say what is certain, that it may have happened.
-            self.client().outcome(unknown(attempt_id, "the report's answer was lost"),
-                                  timeout=CALL_TIMEOUT_SECONDS, **tag)
+            self.client().outcome(
+                unknown(attempt_id, "the report's answer was lost"), timeout=CALL_TIMEOUT_SECONDS, **tag
+            )
 
     def contend(self, intent: Intent, at: float) -> None:
         """Another runtime's retry of the same key at the lease's last moment."""
@@ -460,7 +466,8 @@ class Reconciler(Actor):
                     seen += 1
                     self.settle(client, effect, read_at)
                     ending += [
-                        (monotonic_at(a.lease_expires_at), effect.effect_id) for a in effect.attempts
+                        (monotonic_at(a.lease_expires_at), effect.effect_id)
+                        for a in effect.attempts
                         if common_pb2.Stage.Name(a.stage) in ("AUTHORIZED", "DISPATCHED")
                     ]
             ending = [(end, effect_id) for end, effect_id in ending if 0 < end - time.monotonic() <= LEASE_SECONDS]
@@ -578,12 +585,20 @@ class Outcome:
 
 def tool_contracts():
     notify = contract(
-        NOTIFY, effect_class=common_pb2.COMPENSATABLE, provider_idempotency=False,
-        allowed_recovery=(common_pb2.COMPENSATE,), max_attempts=MAX_ATTEMPTS, lease_seconds=LEASE_SECONDS,
+        NOTIFY,
+        effect_class=common_pb2.COMPENSATABLE,
+        provider_idempotency=False,
+        allowed_recovery=(common_pb2.COMPENSATE,),
+        max_attempts=MAX_ATTEMPTS,
+        lease_seconds=LEASE_SECONDS,
     )
     charge = contract(
-        CHARGE, effect_class=common_pb2.RETRYABLE_WITH_KEY, provider_idempotency=True,
-        allowed_recovery=(common_pb2.RETRY_SAME_KEY,), max_attempts=MAX_ATTEMPTS, lease_seconds=LEASE_SECONDS,
+        CHARGE,
+        effect_class=common_pb2.RETRYABLE_WITH_KEY,
+        provider_idempotency=True,
+        allowed_recovery=(common_pb2.RETRY_SAME_KEY,),
+        max_attempts=MAX_ATTEMPTS,
+        lease_seconds=LEASE_SECONDS,
     )
     return notify, charge
 
@@ -611,8 +626,14 @@ def run_chaos(seed: int) -> Outcome:
 
         def channels(process: str, principal: str) -> list[RecordingClient]:
             made = [
-                RecordingClient(history, process, tenant.name, server.target, tenant.tokens[principal],
-                                timeout_seconds=CALL_TIMEOUT_SECONDS)
+                RecordingClient(
+                    history,
+                    process,
+                    tenant.name,
+                    server.target,
+                    tenant.tokens[principal],
+                    timeout_seconds=CALL_TIMEOUT_SECONDS,
+                )
                 for server in servers
             ]
             clients.extend(made)
@@ -620,13 +641,21 @@ def run_chaos(seed: int) -> Outcome:
 
         stop_work, stop_chaos = threading.Event(), threading.Event()
         runtimes = [
-            Runtime(f"rt{n}", channels(f"rt{n}", "agent"), random.Random(rng.random()), stop_work, pool, provider,
-                    channels(f"rt{n}-retry", "agent"))
+            Runtime(
+                f"rt{n}",
+                channels(f"rt{n}", "agent"),
+                random.Random(rng.random()),
+                stop_work,
+                pool,
+                provider,
+                channels(f"rt{n}-retry", "agent"),
+            )
             for n in range(RUNTIMES)
         ]
         reconcilers = [
-            Reconciler(f"rc{n}", channels(f"rc{n}", principal), random.Random(rng.random()), stop_work, pool,
-                       provider, run_ids)
+            Reconciler(
+                f"rc{n}", channels(f"rc{n}", principal), random.Random(rng.random()), stop_work, pool, provider, run_ids
+            )
             for n, principal in zip(range(RECONCILERS), RECONCILER_PRINCIPALS, strict=False)
         ]
         chaos = Chaos(servers, random.Random(rng.random()), stop_chaos)
@@ -652,8 +681,15 @@ def run_chaos(seed: int) -> Outcome:
             # Every lease (2 s) and the grace after it (2 s) run out; then what is left UNKNOWN is
             # settled from the provider's record.
             time.sleep(LEASE_SECONDS + GRACE_SECONDS + SETTLE_MARGIN_SECONDS)
-            cleaner = Reconciler("final", channels("final", "admin"), random.Random(rng.random()),
-                                 threading.Event(), pool, provider, run_ids)
+            cleaner = Reconciler(
+                "final",
+                channels("final", "admin"),
+                random.Random(rng.random()),
+                threading.Event(),
+                pool,
+                provider,
+                run_ids,
+            )
             left_open: dict[str, str] = {}
             until = time.monotonic() + FINAL_RECONCILE_SECONDS
             while time.monotonic() < until:
@@ -671,8 +707,12 @@ def run_chaos(seed: int) -> Outcome:
 
             # The final read: every effect of the tenant, by its id.
             with psycopg.connect(psycopg_url(url)) as connection:
-                effect_ids = [row[0] for row in connection.execute(
-                    "SELECT effect_id FROM effects WHERE tenant_id = %s ORDER BY effect_id", (tenant.name,))]
+                effect_ids = [
+                    row[0]
+                    for row in connection.execute(
+                        "SELECT effect_id FROM effects WHERE tenant_id = %s ORDER BY effect_id", (tenant.name,)
+                    )
+                ]
             checker = channels("checker", "auditor")[0]
             final = {}
             for effect_id in effect_ids:
@@ -681,7 +721,9 @@ def run_chaos(seed: int) -> Outcome:
                 final[effect_id] = final_effect(tenant.name, read.response)
             verify = subprocess.run(
                 [sys.executable, "-m", "effect_ledger", "verify", "--database-url", url],
-                capture_output=True, text=True, timeout=60,
+                capture_output=True,
+                text=True,
+                timeout=60,
             )
             phases["verify"] = time.monotonic() - started
             counts: Counter = Counter()
@@ -741,8 +783,10 @@ def test_chaos_at_the_lease_edge_never_sends_an_effect_twice():
     for effect in final.values():
         applied = sorted(provider.applied_keys.get(effect.key, set()))
         if applied and (effect.stage != "SUCCEEDED" or effect.receipt != provider.applied[applied[0]]):
-            problems.append(f"{effect.key}: the provider applied {applied}, the ledger shows "
-                            f"{effect.stage} {effect.receipt!r}: {effect.attempts}")
+            problems.append(
+                f"{effect.key}: the provider applied {applied}, the ledger shows "
+                f"{effect.stage} {effect.receipt!r}: {effect.attempts}"
+            )
         if not applied and effect.stage == "SUCCEEDED":
             problems.append(f"{effect.key}: SUCCEEDED ({effect.receipt!r}), the provider applied nothing")
     problems += outcome.refusals

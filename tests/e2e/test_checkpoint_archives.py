@@ -71,7 +71,9 @@ def chunks(data: bytes) -> list[checkpoints_pb2.ArchiveChunk]:
 
 
 def export(stub, checkpoint_id: str) -> bytes:
-    return b"".join(c.data for c in stub.ExportCheckpoint(checkpoints_pb2.ExportCheckpointRequest(checkpoint_id=checkpoint_id)))
+    return b"".join(
+        c.data for c in stub.ExportCheckpoint(checkpoints_pb2.ExportCheckpointRequest(checkpoint_id=checkpoint_id))
+    )
 
 
 def import_archive(stub, data: bytes, allow_unsigned: bool = False) -> checkpoints_pb2.Checkpoint:
@@ -128,7 +130,9 @@ def with_manifest(files: dict[str, bytes], change) -> dict[str, bytes]:
 def checkpoint_ids(stub, run_id: str) -> list[str]:
     found, token = [], ""
     while True:
-        page = stub.ListCheckpoints(checkpoints_pb2.ListCheckpointsRequest(run_id=run_id, page_size=500, page_token=token))
+        page = stub.ListCheckpoints(
+            checkpoints_pb2.ListCheckpointsRequest(run_id=run_id, page_size=500, page_token=token)
+        )
         found += [c.checkpoint_id for c in page.checkpoints]
         token = page.next_page_token
         if not token:
@@ -193,11 +197,16 @@ def seal_and_export(server, tenant) -> Exported:
     agent.gate.RecordOutcome(unknown(sent.attempt_id, "connection reset after sending"))
     approval = agent.approvals.RequestApproval(
         approvals_pb2.RequestApprovalRequest(
-            run_id=run_id, tool=WIRE, arguments_json=b'{"amount":100,"to":"acct-1"}', target="bank:acct-1",
+            run_id=run_id,
+            tool=WIRE,
+            arguments_json=b'{"amount":100,"to":"acct-1"}',
+            target="bank:acct-1",
             reason="deposit for the order",
         )
     )
-    artifact = stub.PutArtifact(checkpoints_pb2.PutArtifactRequest(content=b"overlay bytes", media_type="application/x-tar"))
+    artifact = stub.PutArtifact(
+        checkpoints_pb2.PutArtifactRequest(content=b"overlay bytes", media_type="application/x-tar")
+    )
     revision = agent.runs.GetRun(runs_pb2.GetRunRequest(run_id=run_id)).revision
     sealed = stub.SealCheckpoint(
         checkpoints_pb2.SealCheckpointRequest(
@@ -205,14 +214,26 @@ def seal_and_export(server, tenant) -> Exported:
             expected_revision=revision,
             state_json=json.dumps(STATE).encode(),
             artifacts=[
-                checkpoints_pb2.ArtifactRef(name="workspace/overlay.tar", digest=artifact.digest, classification=checkpoints_pb2.REQUIRED)
+                checkpoints_pb2.ArtifactRef(
+                    name="workspace/overlay.tar", digest=artifact.digest, classification=checkpoints_pb2.REQUIRED
+                )
             ],
-            facts=checkpoints_pb2.CompatibilityFacts(runtime="agent-runtime/3", code_version="1.4.0", checkpoint_format=2),
+            facts=checkpoints_pb2.CompatibilityFacts(
+                runtime="agent-runtime/3", code_version="1.4.0", checkpoint_format=2
+            ),
         )
     )
     return Exported(
-        tenant=tenant, stub=stub, admin_stub=checkpoints_stub(server, tenant.tokens["admin"]), agent=agent, run_id=run_id, checkpoint=sealed, unknown_effect_id=sent.effect_id,
-        approval_id=approval.approval_id, budget_id=budget.budget_id, artifact_digest=artifact.digest,
+        tenant=tenant,
+        stub=stub,
+        admin_stub=checkpoints_stub(server, tenant.tokens["admin"]),
+        agent=agent,
+        run_id=run_id,
+        checkpoint=sealed,
+        unknown_effect_id=sent.effect_id,
+        approval_id=approval.approval_id,
+        budget_id=budget.budget_id,
+        artifact_digest=artifact.digest,
         archive=export(stub, sealed.checkpoint_id),
     )
 
@@ -417,27 +438,54 @@ TAMPERED = {
     "flipped README.md": (_flipped("README.md"), "INVALID_ARGUMENT", "README.md"),
     # The file and its listed digest changed together: the manifest's content digests still refuse it.
     "state.json rewritten, file digest updated": (
-        _rewritten_with_file_digest("state.json", b'{"plan":[],"step":0}'), "INVALID_ARGUMENT", "state"),
+        _rewritten_with_file_digest("state.json", b'{"plan":[],"step":0}'),
+        "INVALID_ARGUMENT",
+        "state",
+    ),
     "ledger/effects.json emptied, file digest updated": (
-        _rewritten_with_file_digest("ledger/effects.json", b'{"open":[],"settled":[]}'), "INVALID_ARGUMENT", "section:effects"),
+        _rewritten_with_file_digest("ledger/effects.json", b'{"open":[],"settled":[]}'),
+        "INVALID_ARGUMENT",
+        "section:effects",
+    ),
     "artifacts.json emptied, file digest updated": (
-        _rewritten_with_file_digest("artifacts.json", b"[]"), "INVALID_ARGUMENT", "artifacts"),
+        _rewritten_with_file_digest("artifacts.json", b"[]"),
+        "INVALID_ARGUMENT",
+        "artifacts",
+    ),
     # Removed files.
     "removed ledger/tools.json": (_removed("ledger/tools.json"), "INVALID_ARGUMENT", "ledger/tools.json"),
     "removed state.json": (_removed("state.json"), "INVALID_ARGUMENT", "state.json"),
     "removed manifest.json": (_removed("manifest.json"), "INVALID_ARGUMENT", "manifest.json"),
     "removed state.json and its listing": (_removed_and_delisted("state.json"), "INVALID_ARGUMENT", "state.json"),
-    "removed artifacts.json and its listing": (_removed_and_delisted("artifacts.json"), "INVALID_ARGUMENT", "artifacts.json"),
+    "removed artifacts.json and its listing": (
+        _removed_and_delisted("artifacts.json"),
+        "INVALID_ARGUMENT",
+        "artifacts.json",
+    ),
     "removed ledger/effects.json and its listing": (
-        _removed_and_delisted("ledger/effects.json"), "INVALID_ARGUMENT", "section:effects"),
+        _removed_and_delisted("ledger/effects.json"),
+        "INVALID_ARGUMENT",
+        "section:effects",
+    ),
     # Added files.
     "added notes.txt": (_added(lambda f: regular("notes.txt", b"hello")), "INVALID_ARGUMENT", "notes.txt"),
-    "added ledger/extra.json": (_added(lambda f: regular("ledger/extra.json", b"{}")), "INVALID_ARGUMENT", "ledger/extra.json"),
+    "added ledger/extra.json": (
+        _added(lambda f: regular("ledger/extra.json", b"{}")),
+        "INVALID_ARGUMENT",
+        "ledger/extra.json",
+    ),
     "added a duplicate state.json": (
-        _added(lambda f: regular("state.json", f["state.json"])), "INVALID_ARGUMENT", "state.json"),
+        _added(lambda f: regular("state.json", f["state.json"])),
+        "INVALID_ARGUMENT",
+        "state.json",
+    ),
     # A renamed file: the new name is not listed (checked before the old one being missing).
     "renamed state.json": (_renamed("state.json", "state.old.json"), "INVALID_ARGUMENT", "state.old.json"),
-    "renamed ledger/effects.json": (_renamed("ledger/effects.json", "effects.json"), "INVALID_ARGUMENT", "effects.json"),
+    "renamed ledger/effects.json": (
+        _renamed("ledger/effects.json", "effects.json"),
+        "INVALID_ARGUMENT",
+        "effects.json",
+    ),
     # Paths that would leave the extraction folder.
     "member ../x": (_added(lambda f: regular("../x", b"x")), "INVALID_ARGUMENT", "../x"),
     "member /abs": (_added(lambda f: regular("/abs", b"x")), "INVALID_ARGUMENT", "/abs"),
@@ -446,8 +494,12 @@ TAMPERED = {
     # Anything but a regular file.
     "symlink member": (_added(lambda f: special("link", tarfile.SYMTYPE, "/etc/passwd")), "INVALID_ARGUMENT", "link"),
     "symlink over state.json": (
-        lambda f: tar_files({k: v for k, v in f.items() if k != "state.json"}, [special("state.json", tarfile.SYMTYPE, "README.md")]),
-        "INVALID_ARGUMENT", "state.json"),
+        lambda f: tar_files(
+            {k: v for k, v in f.items() if k != "state.json"}, [special("state.json", tarfile.SYMTYPE, "README.md")]
+        ),
+        "INVALID_ARGUMENT",
+        "state.json",
+    ),
     "hardlink member": (_added(lambda f: special("hard", tarfile.LNKTYPE, "state.json")), "INVALID_ARGUMENT", "hard"),
     "character device member": (_added(lambda f: special("dev", tarfile.CHRTYPE)), "INVALID_ARGUMENT", "dev"),
     "block device member": (_added(lambda f: special("blk", tarfile.BLKTYPE)), "INVALID_ARGUMENT", "blk"),
@@ -465,7 +517,10 @@ TAMPERED = {
     "format_version 3": (_format(3), "FAILED_PRECONDITION", "manifest.json"),
     "format_version 0": (_format(0), "FAILED_PRECONDITION", "manifest.json"),
     "format_version missing": (
-        lambda f: tar_files(with_manifest(f, lambda m: m.pop("format_version"))), "FAILED_PRECONDITION", "manifest.json"),
+        lambda f: tar_files(with_manifest(f, lambda m: m.pop("format_version"))),
+        "FAILED_PRECONDITION",
+        "manifest.json",
+    ),
 }
 
 
@@ -488,7 +543,9 @@ def test_a_tampered_archive_is_refused_before_any_write(exported, case):
     assert checkpoint_ids(exported.stub, exported.run_id) == before_ids
     # As an admin who imports unsigned archives on purpose: every layer behind the signature
     # still refuses, naming the part.
-    assert_refused(exported.admin_stub, exported.agent.runs, exported.run_id, data, code, component, allow_unsigned=True)
+    assert_refused(
+        exported.admin_stub, exported.agent.runs, exported.run_id, data, code, component, allow_unsigned=True
+    )
 
 
 def test_a_signature_file_is_not_a_way_to_smuggle_content(exported):
@@ -496,8 +553,12 @@ def test_a_signature_file_is_not_a_way_to_smuggle_content(exported):
     the tampered part (file digests are checked before the signature)."""
     files = {**exported.files, SIGNATURE_FILE: b"\0" * 64}
     assert_refused(
-        exported.stub, exported.agent.runs, exported.run_id,
-        tar_files({**files, "state.json": flip(files["state.json"])}), "INVALID_ARGUMENT", "state.json",
+        exported.stub,
+        exported.agent.runs,
+        exported.run_id,
+        tar_files({**files, "state.json": flip(files["state.json"])}),
+        "INVALID_ARGUMENT",
+        "state.json",
     )
 
 
@@ -542,7 +603,8 @@ def _consistent(files: dict[str, bytes], change) -> dict[str, bytes]:
     core = {k: v for k, v in manifest.items() if k != "files"}
     ledger = {
         name[len("ledger/") : -len(".json")]: json.loads(content)
-        for name, content in files.items() if name.startswith("ledger/")
+        for name, content in files.items()
+        if name.startswith("ledger/")
     }
     readme = readme_text(core, json.loads(files["state.json"]), ledger).encode("utf-8")
     changed = {name: content for name, content in files.items() if name != SIGNATURE_FILE}
@@ -582,8 +644,13 @@ def test_fifty_random_single_byte_corruptions_are_all_refused(exported):
 def test_a_changed_policy_revision_contradicts_the_ledger(exported):
     files = _consistent(exported.files, lambda m: m.__setitem__("policy_revision", m["policy_revision"][:-1] + "0"))
     assert_refused(
-        exported.admin_stub, exported.agent.runs, exported.run_id, tar_files(files), "INVALID_ARGUMENT",
-        "ledger/policy.json", allow_unsigned=True,
+        exported.admin_stub,
+        exported.agent.runs,
+        exported.run_id,
+        tar_files(files),
+        "INVALID_ARGUMENT",
+        "ledger/policy.json",
+        allow_unsigned=True,
     )
 
 
@@ -608,7 +675,11 @@ def test_a_changed_revision_is_refused_when_the_digest_is_pinned(exported):
 def test_manifest_fields_of_the_wrong_type_are_invalid(exported):
     files = _consistent(exported.files, lambda m: m.__setitem__("revision", "abc"))
     assert_refused(
-        exported.admin_stub, exported.agent.runs, exported.run_id, tar_files(files), "INVALID_ARGUMENT",
+        exported.admin_stub,
+        exported.agent.runs,
+        exported.run_id,
+        tar_files(files),
+        "INVALID_ARGUMENT",
         "manifest.json: revision",
         allow_unsigned=True,
     )

@@ -61,7 +61,9 @@ def older_deployment_key(database_url, tmp_path_factory) -> Ed25519PrivateKey:
 
     key = Ed25519PrivateKey.generate()
     public = tmp_path_factory.mktemp("older-deployment") / "older.pub.pem"
-    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    public.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
     checkpoint_keys(database_url, "trust", str(public), "the deployment that wrote format-1 archives")
     return key
 
@@ -92,7 +94,9 @@ class Imported:
         self.stub = checkpoints_stub(server, tenant.tokens["agent"])
         self.runs = LedgerClient(server.target, tenant.tokens["agent"]).runs
         self.derived = import_archive(self.stub, data)
-        self.original = self.stub.GetCheckpoint(checkpoints_pb2.GetCheckpointRequest(checkpoint_id=self.derived.derived_from))
+        self.original = self.stub.GetCheckpoint(
+            checkpoints_pb2.GetCheckpointRequest(checkpoint_id=self.derived.derived_from)
+        )
 
     def events(self, event_type: str) -> list:
         found, after = [], 0
@@ -114,8 +118,16 @@ def test_the_fixture_is_what_the_script_writes():
     fixture_bytes = FIXTURE.read_bytes()
     assert script.build() == fixture_bytes, "run tests/fixtures/make_checkpoint_format1.py"
     files = fixture_files(fixture_bytes)
-    assert set(files) == {"manifest.json", "state.json", "artifacts.json", "README.md", "ledger/effects.json",
-                          "ledger/approvals.json", "ledger/tools.json", "ledger/policy.json"}
+    assert set(files) == {
+        "manifest.json",
+        "state.json",
+        "artifacts.json",
+        "README.md",
+        "ledger/effects.json",
+        "ledger/approvals.json",
+        "ledger/tools.json",
+        "ledger/policy.json",
+    }
     manifest = json.loads(files["manifest.json"])
     assert canonical_bytes(manifest) == files["manifest.json"]
     assert manifest["format_version"] == 1 and manifest["tenant_id"] == "fixture-tenant"
@@ -147,7 +159,9 @@ def test_import_keeps_the_original_and_derives_a_current_checkpoint(server, fixt
     assert original.format_version == 1 and not original.derived_from
     assert checkpoints_pb2.CheckpointStatus.Name(original.status) == "SEALED"
     stored = json.loads(original.ledger_json)
-    assert stored == {name: json.loads(files[f"ledger/{name}.json"]) for name in ("effects", "approvals", "tools", "policy")}
+    assert stored == {
+        name: json.loads(files[f"ledger/{name}.json"]) for name in ("effects", "approvals", "tools", "policy")
+    }
     assert stored == script.LEDGER
     manifest = json.loads(files["manifest.json"])
     assert json.loads(original.manifest_json) == {k: v for k, v in manifest.items() if k != "files"}
@@ -168,7 +182,9 @@ def test_import_keeps_the_original_and_derives_a_current_checkpoint(server, fixt
     # The effects' "state" became "stage"; the unknown one is still UNKNOWN.
     open_effects = {e["effect_id"]: e for e in ledger["effects"]["open"]}
     assert {k: e["stage"] for k, e in open_effects.items()} == {
-        script.UNKNOWN_EFFECT_ID: "UNKNOWN", script.DISPATCHED_EFFECT_ID: "DISPATCHED"}
+        script.UNKNOWN_EFFECT_ID: "UNKNOWN",
+        script.DISPATCHED_EFFECT_ID: "DISPATCHED",
+    }
     assert all("state" not in e for e in open_effects.values())
     assert ledger["effects"]["settled"] == []
     assert ledger["tools"] == script.LEDGER["tools"] and ledger["policy"] == script.LEDGER["policy"]
@@ -179,15 +195,21 @@ def test_import_keeps_the_original_and_derives_a_current_checkpoint(server, fixt
     assert set(derived_manifest["sections"]) == {"effects", "approvals", "budgets", "tools", "policy"}
 
     # The migration is in the trace, with its notes.
-    (migrated,) = [e for e in imported.events("checkpoint.migrated")
-                   if json.loads(e.payload_json)["checkpoint_id"] == derived.checkpoint_id]
+    (migrated,) = [
+        e
+        for e in imported.events("checkpoint.migrated")
+        if json.loads(e.payload_json)["checkpoint_id"] == derived.checkpoint_id
+    ]
     payload = json.loads(migrated.payload_json)
     assert payload["derived_from"] == original.checkpoint_id
     assert (payload["from_format"], payload["to_format"]) == (1, 2)
     assert any(n.startswith("approvals:") and "quorum unknown" in n for n in payload["notes"]), payload["notes"]
     assert any(n.startswith("budgets:") and "unknown" in n for n in payload["notes"]), payload["notes"]
-    (imported_event,) = [e for e in imported.events("checkpoint.imported")
-                         if json.loads(e.payload_json)["checkpoint_id"] == original.checkpoint_id]
+    (imported_event,) = [
+        e
+        for e in imported.events("checkpoint.imported")
+        if json.loads(e.payload_json)["checkpoint_id"] == original.checkpoint_id
+    ]
     assert json.loads(imported_event.payload_json)["format_version"] == 1
 
 
@@ -215,7 +237,9 @@ def test_the_original_cannot_be_registered(server, fixture_tenant, fixture_bytes
             checkpoints_pb2.RegisterCheckpointRequest(checkpoint_id=imported.original.checkpoint_id)
         )
     assert [v.subject for v in raises_error.last.violations] == [f"checkpoint/{imported.original.checkpoint_id}"]
-    again = imported.stub.GetCheckpoint(checkpoints_pb2.GetCheckpointRequest(checkpoint_id=imported.original.checkpoint_id))
+    again = imported.stub.GetCheckpoint(
+        checkpoints_pb2.GetCheckpointRequest(checkpoint_id=imported.original.checkpoint_id)
+    )
     assert checkpoints_pb2.CheckpointStatus.Name(again.status) == "SEALED" and again.format_version == 1
 
 
@@ -223,7 +247,12 @@ def test_importing_the_fixture_again_attaches_to_the_same_run(server, fixture_te
     first = Imported(server, fixture_tenant, fixture_bytes)
     revision = first.runs.GetRun(runs_pb2.GetRunRequest(run_id=script.RUN_ID)).revision
     second = Imported(server, fixture_tenant, fixture_bytes)
-    ids = {first.original.checkpoint_id, first.derived.checkpoint_id, second.original.checkpoint_id, second.derived.checkpoint_id}
+    ids = {
+        first.original.checkpoint_id,
+        first.derived.checkpoint_id,
+        second.original.checkpoint_id,
+        second.derived.checkpoint_id,
+    }
     assert len(ids) == 4 and ids <= set(checkpoint_ids(second.stub, script.RUN_ID))
     assert second.derived.run_id == first.derived.run_id == script.RUN_ID
     assert json.loads(second.derived.ledger_json) == json.loads(first.derived.ledger_json)

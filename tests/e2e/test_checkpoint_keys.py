@@ -47,7 +47,10 @@ def verifies(public_pem: str, archive: bytes) -> bool:
 def cli(url: str, *arguments: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "effect_ledger", "checkpoint-keys", *arguments, "--database-url", url],
-        capture_output=True, text=True, cwd=REPO, timeout=60,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
     )
 
 

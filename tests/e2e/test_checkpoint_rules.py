@@ -56,7 +56,12 @@ OPTIONAL = checkpoints_pb2.OPTIONAL
 
 
 def facts(**overrides) -> checkpoints_pb2.CompatibilityFacts:
-    values = {"runtime": "agent-runtime/3", "contract_schema": "tools/v2", "code_version": "1.4.0", "checkpoint_format": 2}
+    values = {
+        "runtime": "agent-runtime/3",
+        "contract_schema": "tools/v2",
+        "code_version": "1.4.0",
+        "checkpoint_format": 2,
+    }
     values.update(overrides)
     return checkpoints_pb2.CompatibilityFacts(**values)
 
@@ -67,7 +72,11 @@ def mail(tool: str = MAIL, **overrides) -> tools_pb2.PutToolContractRequest:
 
 def irreversible(tool: str = WIRE) -> tools_pb2.PutToolContractRequest:
     return contract(
-        tool, effect_class=common_pb2.IRREVERSIBLE, provider_idempotency=False, max_attempts=1, lease_seconds=LEASE_SECONDS
+        tool,
+        effect_class=common_pb2.IRREVERSIBLE,
+        provider_idempotency=False,
+        max_attempts=1,
+        lease_seconds=LEASE_SECONDS,
     )
 
 
@@ -77,8 +86,15 @@ def simulator(tool: str = SANDBOX) -> tools_pb2.PutToolContractRequest:
     return request
 
 
-def send(run_id: str, key: str, target: str = "mailto:bob@example.com", *, tool: str = MAIL,
-         arguments: bytes = ARGS, usd: int = 0) -> gate_pb2.AuthorizeEffectRequest:
+def send(
+    run_id: str,
+    key: str,
+    target: str = "mailto:bob@example.com",
+    *,
+    tool: str = MAIL,
+    arguments: bytes = ARGS,
+    usd: int = 0,
+) -> gate_pb2.AuthorizeEffectRequest:
     request = authorize_request(run_id, key, tool=tool, arguments=arguments, target=target)
     if usd:
         request.estimate[USD] = usd
@@ -112,7 +128,9 @@ def revision_of(client, run_id: str) -> int:
 def events_of(client, run_id: str) -> list[runs_pb2.RunEvent]:
     found, after = [], 0
     while True:
-        page = client.runs.ListRunEvents(runs_pb2.ListRunEventsRequest(run_id=run_id, after_revision=after, page_size=1000))
+        page = client.runs.ListRunEvents(
+            runs_pb2.ListRunEventsRequest(run_id=run_id, after_revision=after, page_size=1000)
+        )
         found.extend(page.events)
         if not page.next_after_revision:
             return found
@@ -126,8 +144,11 @@ def payload(event) -> dict:
 def seal(checkpoints, client, run_id: str, *, state: bytes = b'{"step":1}', artifacts=(), sealed_facts=None):
     return checkpoints.SealCheckpoint(
         checkpoints_pb2.SealCheckpointRequest(
-            run_id=run_id, expected_revision=revision_of(client, run_id), state_json=state,
-            artifacts=list(artifacts), facts=sealed_facts if sealed_facts is not None else facts(),
+            run_id=run_id,
+            expected_revision=revision_of(client, run_id),
+            state_json=state,
+            artifacts=list(artifacts),
+            facts=sealed_facts if sealed_facts is not None else facts(),
         )
     )
 
@@ -145,8 +166,17 @@ def check(checkpoints, checkpoint_id: str, current) -> checkpoints_pb2.Compatibi
     )
 
 
-def resume(checkpoints, checkpoint_id: str, *, current=None, provider: str = "provider-b", model: str = "model-b",
-           adapter: str = "adapter-b", reason: str = "provider session lost", context_digest: str = ""):
+def resume(
+    checkpoints,
+    checkpoint_id: str,
+    *,
+    current=None,
+    provider: str = "provider-b",
+    model: str = "model-b",
+    adapter: str = "adapter-b",
+    reason: str = "provider session lost",
+    context_digest: str = "",
+):
     return checkpoints.ResumeRun(
         checkpoints_pb2.ResumeRunRequest(
             checkpoint_id=checkpoint_id,
@@ -159,7 +189,9 @@ def resume(checkpoints, checkpoint_id: str, *, current=None, provider: str = "pr
 
 
 def fork(checkpoints, checkpoint_id: str, world: int, difference: str = "model B instead of model A"):
-    return checkpoints.ForkRun(checkpoints_pb2.ForkRunRequest(checkpoint_id=checkpoint_id, world=world, difference=difference))
+    return checkpoints.ForkRun(
+        checkpoints_pb2.ForkRunRequest(checkpoint_id=checkpoint_id, world=world, difference=difference)
+    )
 
 
 def dispatch_unknown(agent, attempt_id: str, reason: str = "connection reset after sending") -> None:
@@ -172,25 +204,34 @@ def get_effect(client, effect_id: str) -> gate_pb2.Effect:
 
 
 def budget(client, scope: int, scope_id: str, dimension: str = USD) -> budgets_pb2.Budget:
-    found = [b for b in client.budgets.GetBudget(budgets_pb2.GetBudgetRequest(scope=scope, scope_id=scope_id)).budgets
-             if b.dimension == dimension]
+    found = [
+        b
+        for b in client.budgets.GetBudget(budgets_pb2.GetBudgetRequest(scope=scope, scope_id=scope_id)).budgets
+        if b.dimension == dimension
+    ]
     assert len(found) == 1, found
     return found[0]
 
 
 def put_budget(admin, scope: int, scope_id: str, limit: int, dimension: str = USD) -> budgets_pb2.Budget:
-    return admin.budgets.PutBudget(budgets_pb2.PutBudgetRequest(scope=scope, scope_id=scope_id, dimension=dimension, limit=limit))
+    return admin.budgets.PutBudget(
+        budgets_pb2.PutBudgetRequest(scope=scope, scope_id=scope_id, dimension=dimension, limit=limit)
+    )
 
 
 def record_usage(client, run_id: str, amount: int, *, provider: str, model: str, segment: str):
     return client.budgets.RecordUsage(
-        budgets_pb2.RecordUsageRequest(run_id=run_id, provider=provider, model=model, segment=segment, usage={USD: amount})
+        budgets_pb2.RecordUsageRequest(
+            run_id=run_id, provider=provider, model=model, segment=segment, usage={USD: amount}
+        )
     )
 
 
 def request_approval(agent, run_id: str, arguments: bytes, target: str = "bank:acct-1") -> approvals_pb2.Approval:
     return agent.approvals.RequestApproval(
-        approvals_pb2.RequestApprovalRequest(run_id=run_id, tool=WIRE, arguments_json=arguments, target=target, reason="please")
+        approvals_pb2.RequestApprovalRequest(
+            run_id=run_id, tool=WIRE, arguments_json=arguments, target=target, reason="please"
+        )
     )
 
 
@@ -212,7 +253,9 @@ def test_sibling_lifetimes_have_their_own_ids_and_none_stands_for_a_checkpoint(a
     admin.tools.PutToolContract(mail())
     run_id = new_run(agent)
 
-    snapshot = checkpoints.RecordSnapshot(checkpoints_pb2.RecordSnapshotRequest(run_id=run_id, value_json=b'{"inbox":3}'))
+    snapshot = checkpoints.RecordSnapshot(
+        checkpoints_pb2.RecordSnapshotRequest(run_id=run_id, value_json=b'{"inbox":3}')
+    )
     assert snapshot.snapshot_id and snapshot.run_id == run_id and json.loads(snapshot.value_json) == {"inbox": 3}
     assert snapshot.created_at.seconds > 0
     expires = Timestamp(seconds=4102444800)  # 2100-01-01
@@ -329,12 +372,17 @@ def test_seal_copies_the_ledger_not_the_callers_story_under_recomputable_digests
     assert copied["intent_digest"] == lost.intent_digest and copied["arguments"] == json.loads(ARGS)
     assert copied["contract"]["tool"] == MAIL and copied["contract"]["revision"] == 1
     assert copied["contract"]["max_attempts"] == 3 and copied["contract"]["effect_class"] == "RETRYABLE_WITH_KEY"
-    assert [(a["attempt_id"], a["number"], a["stage"], a["provider_idempotency_key"], a["outcome_reason"], a["receipt"])
-            for a in copied["attempts"]] == [
+    assert [
+        (a["attempt_id"], a["number"], a["stage"], a["provider_idempotency_key"], a["outcome_reason"], a["receipt"])
+        for a in copied["attempts"]
+    ] == [
         (a.attempt_id, a.number, stage_name(a.stage), a.provider_idempotency_key, a.outcome_reason, None)
         for a in stored_lost.attempts
     ]
-    assert copied["attempts"][0]["stage"] == "UNKNOWN" and copied["attempts"][0]["outcome_reason"] == "connection reset after sending"
+    assert (
+        copied["attempts"][0]["stage"] == "UNKNOWN"
+        and copied["attempts"][0]["outcome_reason"] == "connection reset after sending"
+    )
     assert copied["attempts"][0]["provider_idempotency_key"] == lost.provider_idempotency_key
     copied_open = open_effects[waiting.effect_id]
     assert copied_open["stage"] == "AUTHORIZED" and copied_open["tool_revision"] == 2
@@ -362,7 +410,10 @@ def test_seal_copies_the_ledger_not_the_callers_story_under_recomputable_digests
     assert (copied_budget["limit"], copied_budget["posted"], copied_budget["pending"]) == (10_000, 80, 500)
     reservations = {r["reservation_id"]: r for r in ledger["budgets"]["open_reservations"]}
     assert set(reservations) == set(lost.reservation_ids) | set(waiting.reservation_ids)
-    assert {(r["effect_id"], r["amount"]) for r in reservations.values()} == {(lost.effect_id, 200), (waiting.effect_id, 300)}
+    assert {(r["effect_id"], r["amount"]) for r in reservations.values()} == {
+        (lost.effect_id, 200),
+        (waiting.effect_id, 300),
+    }
 
     # Tools: the pinned revisions of every effect and the contract in force.
     assert set(ledger["tools"]) == {MAIL}
@@ -380,13 +431,19 @@ def test_seal_copies_the_ledger_not_the_callers_story_under_recomputable_digests
         assert manifest["sections"][name] == section_digest(ledger[name]), name
     assert manifest["state_digest"] == section_digest(state)
     assert manifest["artifacts"] == []
-    assert (manifest["checkpoint_id"], manifest["run_id"], manifest["revision"]) == (sealed.checkpoint_id, run_id, revision)
+    assert (manifest["checkpoint_id"], manifest["run_id"], manifest["revision"]) == (
+        sealed.checkpoint_id,
+        run_id,
+        revision,
+    )
     assert manifest["policy_revision"] == sealed.policy_revision
     assert sealed.manifest_digest == section_digest(manifest)
 
     stored = checkpoints.GetCheckpoint(checkpoints_pb2.GetCheckpointRequest(checkpoint_id=sealed.checkpoint_id))
     assert (stored.ledger_json, stored.manifest_json, stored.manifest_digest) == (
-        sealed.ledger_json, sealed.manifest_json, sealed.manifest_digest
+        sealed.ledger_json,
+        sealed.manifest_json,
+        sealed.manifest_digest,
     )
     event = events_of(agent, run_id)[-1]
     assert (event.type, event.revision) == ("checkpoint.sealed", revision + 1)
@@ -403,30 +460,43 @@ def test_artifacts_must_be_complete_to_be_claimed_and_their_loss_stops_or_degrad
     unique = uuid.uuid4().hex.encode()
 
     overlay_content = b"workspace overlay " + unique
-    overlay = checkpoints.PutArtifact(checkpoints_pb2.PutArtifactRequest(content=overlay_content, media_type="application/x-tar"))
+    overlay = checkpoints.PutArtifact(
+        checkpoints_pb2.PutArtifactRequest(content=overlay_content, media_type="application/x-tar")
+    )
     assert overlay.digest == "sha256:" + hashlib.sha256(overlay_content).hexdigest()
     assert artifact_status(overlay.status) == "ARTIFACT_COMPLETE" and overlay.size_bytes == len(overlay_content)
-    notes = checkpoints.PutArtifact(checkpoints_pb2.PutArtifactRequest(content=b"notes " + unique, media_type="text/plain"))
+    notes = checkpoints.PutArtifact(
+        checkpoints_pb2.PutArtifactRequest(content=b"notes " + unique, media_type="text/plain")
+    )
     assert artifact_status(notes.status) == "ARTIFACT_COMPLETE"
 
     big_digest = "sha256:" + hashlib.sha256(b"a large model snapshot " + unique).hexdigest()
     with raises_error("INVALID_ARGUMENT"):
         checkpoints.DeclareArtifact(
             checkpoints_pb2.DeclareArtifactRequest(
-                digest=big_digest, size_bytes=10 << 20, media_type="application/octet-stream",
+                digest=big_digest,
+                size_bytes=10 << 20,
+                media_type="application/octet-stream",
                 location="https://user:pw@host/x",
             )
         )
     big = checkpoints.DeclareArtifact(
         checkpoints_pb2.DeclareArtifactRequest(
-            digest=big_digest, size_bytes=10 << 20, media_type="application/octet-stream",
+            digest=big_digest,
+            size_bytes=10 << 20,
+            media_type="application/octet-stream",
             location="https://storage.example.com/bucket/big.bin",
         )
     )
-    assert artifact_status(big.status) == "ARTIFACT_PENDING" and big.location == "https://storage.example.com/bucket/big.bin"
+    assert (
+        artifact_status(big.status) == "ARTIFACT_PENDING"
+        and big.location == "https://storage.example.com/bucket/big.bin"
+    )
 
     big_ref = checkpoints_pb2.ArtifactRef(name="model/big.bin", digest=big_digest, classification=REQUIRED)
-    overlay_ref = checkpoints_pb2.ArtifactRef(name="workspace/overlay.tar", digest=overlay.digest, classification=REQUIRED)
+    overlay_ref = checkpoints_pb2.ArtifactRef(
+        name="workspace/overlay.tar", digest=overlay.digest, classification=REQUIRED
+    )
     notes_ref = checkpoints_pb2.ArtifactRef(name="notes.txt", digest=notes.digest, classification=OPTIONAL)
 
     before = revision_of(agent, run_id)
@@ -442,7 +512,10 @@ def test_artifacts_must_be_complete_to_be_claimed_and_their_loss_stops_or_degrad
 
     # A checkpoint with a required and an optional artifact: losing the optional one degrades.
     first = seal(checkpoints, agent, run_id, artifacts=[overlay_ref, notes_ref])
-    assert [(a.name, a.classification) for a in first.artifacts] == [("workspace/overlay.tar", REQUIRED), ("notes.txt", OPTIONAL)]
+    assert [(a.name, a.classification) for a in first.artifacts] == [
+        ("workspace/overlay.tar", REQUIRED),
+        ("notes.txt", OPTIONAL),
+    ]
     manifest = json.loads(first.manifest_json)
     assert manifest["artifacts"] == [
         {"name": "notes.txt", "digest": notes.digest, "classification": "OPTIONAL"},
@@ -452,7 +525,11 @@ def test_artifacts_must_be_complete_to_be_claimed_and_their_loss_stops_or_degrad
     assert verdict_name(check(checkpoints, first.checkpoint_id, facts()).verdict) == "COMPATIBLE"
     tombstone = checkpoints.DeleteArtifact(checkpoints_pb2.DeleteArtifactRequest(digest=notes.digest))
     assert artifact_status(tombstone.status) == "ARTIFACT_TOMBSTONE"
-    assert (tombstone.digest, tombstone.media_type, tombstone.size_bytes) == (notes.digest, "text/plain", notes.size_bytes)
+    assert (tombstone.digest, tombstone.media_type, tombstone.size_bytes) == (
+        notes.digest,
+        "text/plain",
+        notes.size_bytes,
+    )
     with raises_error("FAILED_PRECONDITION", "ARTIFACT_DELETED"):
         checkpoints.CompleteArtifact(checkpoints_pb2.CompleteArtifactRequest(digest=notes.digest))
     degraded = check(checkpoints, first.checkpoint_id, facts())
@@ -481,9 +558,7 @@ def test_artifacts_must_be_complete_to_be_claimed_and_their_loss_stops_or_degrad
 # --- register and compatibility --------------------------------------------------------------
 
 
-def test_register_freezes_the_facts_and_each_incompatible_fact_gets_its_own_reason(
-    agent, admin, operator, checkpoints
-):
+def test_register_freezes_the_facts_and_each_incompatible_fact_gets_its_own_reason(agent, admin, operator, checkpoints):
     admin.tools.PutToolContract(mail())
     run_id = new_run(agent)
     lost = agent.gate.AuthorizeEffect(send(run_id, "k-lost", "mailto:carol@example.com"))
@@ -510,15 +585,22 @@ def test_register_freezes_the_facts_and_each_incompatible_fact_gets_its_own_reas
 
     # Everything differs: one reason per fact, each naming what it found.
     everything = check(
-        checkpoints, sealed.checkpoint_id,
-        checkpoints_pb2.CompatibilityFacts(runtime="other-runtime/1", contract_schema="tools/v3", code_version="2.0.0", checkpoint_format=1),
+        checkpoints,
+        sealed.checkpoint_id,
+        checkpoints_pb2.CompatibilityFacts(
+            runtime="other-runtime/1", contract_schema="tools/v3", code_version="2.0.0", checkpoint_format=1
+        ),
     )
     assert verdict_name(everything.verdict) == "INCOMPATIBLE"
     by_fact = {f.fact: f for f in everything.facts}
     assert len(by_fact) == len(everything.facts)
     assert set(by_fact) == {
-        "runtime", "contract_schema", "code_version", "checkpoint_format",
-        "native_reference:openai:responses", f"effect:{lost.effect_id}",
+        "runtime",
+        "contract_schema",
+        "code_version",
+        "checkpoint_format",
+        "native_reference:openai:responses",
+        f"effect:{lost.effect_id}",
     }
     assert {name for name, f in by_fact.items() if f.degraded_only} == {"native_reference:openai:responses"}
     assert "agent-runtime/3" in by_fact["runtime"].reason and "other-runtime/1" in by_fact["runtime"].reason
@@ -612,7 +694,9 @@ def test_a_resume_restores_knowledge_not_permission(agent, admin, reviewer, chec
 
     # After sealing: the tool is retired and the approval revoked.
     admin.tools.RetireTool(tools_pb2.RetireToolRequest(tool=MAIL, reason="provider deprecated"))
-    reviewer.approvals.RevokeApproval(approvals_pb2.RevokeApprovalRequest(approval_id=approval.approval_id, reason="no longer"))
+    reviewer.approvals.RevokeApproval(
+        approvals_pb2.RevokeApprovalRequest(approval_id=approval.approval_id, reason="no longer")
+    )
 
     resumed = resume(checkpoints, sealed.checkpoint_id)
     assert not resumed.open_effects and verdict_name(resumed.verdict.verdict) == "COMPATIBLE"
@@ -638,8 +722,13 @@ def test_resume_appends_a_configuration_transition_and_increments_the_segment(ag
         resume(checkpoints, sealed.checkpoint_id, reason="")
 
     first = resume(
-        checkpoints, sealed.checkpoint_id, provider="provider-b", model="model-b", adapter="adapter-b",
-        reason="provider session lost", context_digest=CONTEXT_DIGEST,
+        checkpoints,
+        sealed.checkpoint_id,
+        provider="provider-b",
+        model="model-b",
+        adapter="adapter-b",
+        reason="provider session lost",
+        context_digest=CONTEXT_DIGEST,
     )
     assert first.run_id == run_id and first.segment == 2
     events = events_of(agent, run_id)
@@ -652,10 +741,22 @@ def test_resume_appends_a_configuration_transition_and_increments_the_segment(ag
     assert body["checkpoint_id"] == sealed.checkpoint_id
     assert body["context_manifest_digest"] == CONTEXT_DIGEST
     run = agent.runs.GetRun(runs_pb2.GetRunRequest(run_id=run_id))
-    assert (run.segment, run.provider, run.model, run.adapter, run.revision) == (2, "provider-b", "model-b", "adapter-b", first.revision)
+    assert (run.segment, run.provider, run.model, run.adapter, run.revision) == (
+        2,
+        "provider-b",
+        "model-b",
+        "adapter-b",
+        first.revision,
+    )
 
-    second = resume(checkpoints, sealed.checkpoint_id, provider="provider-c", model="model-c", adapter="adapter-c",
-                    reason="cheaper model")
+    second = resume(
+        checkpoints,
+        sealed.checkpoint_id,
+        provider="provider-c",
+        model="model-c",
+        adapter="adapter-c",
+        reason="cheaper model",
+    )
     assert second.segment == 3 and second.revision > first.revision
     body = payload(events_of(agent, run_id)[-1])
     assert body["old"] == {"provider": "provider-b", "model": "model-b", "adapter": "adapter-b", "segment": 2}
@@ -665,7 +766,9 @@ def test_resume_appends_a_configuration_transition_and_increments_the_segment(ag
 
 def test_after_a_resume_only_read_only_tools_run_until_the_open_effects_are_settled(agent, admin, checkpoints):
     admin.tools.PutToolContract(mail())
-    admin.tools.PutToolContract(contract(SEARCH, effect_class=common_pb2.READ_ONLY, provider_idempotency=False, lease_seconds=LEASE_SECONDS))
+    admin.tools.PutToolContract(
+        contract(SEARCH, effect_class=common_pb2.READ_ONLY, provider_idempotency=False, lease_seconds=LEASE_SECONDS)
+    )
     run_id = new_run(agent)
     waiting = agent.gate.AuthorizeEffect(send(run_id, key(), "mailto:carol@example.com"))
     lost = agent.gate.AuthorizeEffect(send(run_id, key(), "mailto:dave@example.com"))
@@ -678,11 +781,14 @@ def test_after_a_resume_only_read_only_tools_run_until_the_open_effects_are_sett
     register(checkpoints, sealed.checkpoint_id, facts(recorded_effects=[lost.effect_id]))
     resumed = resume(checkpoints, sealed.checkpoint_id, current=facts(recorded_effects=[lost.effect_id]))
     assert {(e.effect_id, e.stage) for e in resumed.open_effects} == {
-        (waiting.effect_id, "AUTHORIZED"), (lost.effect_id, "UNKNOWN"),
+        (waiting.effect_id, "AUTHORIZED"),
+        (lost.effect_id, "UNKNOWN"),
     }
 
     def search() -> gate_pb2.AuthorizeEffectResponse:
-        return agent.gate.AuthorizeEffect(send(run_id, key(), "https://search.example.com", tool=SEARCH, arguments=b'{"q":"x"}'))
+        return agent.gate.AuthorizeEffect(
+            send(run_id, key(), "https://search.example.com", tool=SEARCH, arguments=b'{"q":"x"}')
+        )
 
     def fresh_mail() -> gate_pb2.AuthorizeEffectResponse:
         return agent.gate.AuthorizeEffect(send(run_id, key(), "mailto:frank@example.com"))
@@ -788,7 +894,10 @@ def test_simulated_and_live_worlds_and_the_fork_trace(agent, admin, checkpoints)
     assert child.world == checkpoints_pb2.SIMULATED and child.parent_run_id == run_id
     run = agent.runs.GetRun(runs_pb2.GetRunRequest(run_id=child.run_id))
     assert (run.world, run.parent_run_id, run.root_run_id, run.forked_from_checkpoint) == (
-        "SIMULATED", run_id, run_id, sealed.checkpoint_id
+        "SIMULATED",
+        run_id,
+        run_id,
+        sealed.checkpoint_id,
     )
 
     live_tool = agent.gate.AuthorizeEffect(send(child.run_id, key(), "mailto:carol@example.com"))
@@ -803,13 +912,18 @@ def test_simulated_and_live_worlds_and_the_fork_trace(agent, admin, checkpoints)
     child_events = events_of(agent, child.run_id)
     assert (child_events[0].type, child_events[0].revision, child_events[0].prev_hash) == ("run.forked", 1, "")
     assert payload(child_events[0]) == {
-        "parent_run_id": run_id, "checkpoint_id": sealed.checkpoint_id, "at_revision": sealed.revision,
-        "world": "SIMULATED", "difference": "model B instead of model A",
+        "parent_run_id": run_id,
+        "checkpoint_id": sealed.checkpoint_id,
+        "at_revision": sealed.revision,
+        "world": "SIMULATED",
+        "difference": "model B instead of model A",
     }
     created = [e for e in events_of(agent, run_id) if e.type == "run.fork_created"]
     assert len(created) == 1
     assert payload(created[0]) == {
-        "child_run_id": child.run_id, "checkpoint_id": sealed.checkpoint_id, "world": "SIMULATED",
+        "child_run_id": child.run_id,
+        "checkpoint_id": sealed.checkpoint_id,
+        "world": "SIMULATED",
         "difference": "model B instead of model A",
     }
 
@@ -835,7 +949,9 @@ def test_run_tree_budgets_of_the_root_apply_to_a_forks_effects(agent, admin, che
     view = agent.budgets.GetBudget(budgets_pb2.GetBudgetRequest(scope=budgets_pb2.RUN_TREE, scope_id=root))
     [counted] = view.budgets
     assert (counted.posted, counted.pending, counted.available) == (300, 500, 200)
-    assert [(r.reservation_id, r.effect_id) for r in view.open_reservations] == [(in_child.reservation_ids[0], in_child.effect_id)]
+    assert [(r.reservation_id, r.effect_id) for r in view.open_reservations] == [
+        (in_child.reservation_ids[0], in_child.effect_id)
+    ]
 
     too_much = agent.gate.AuthorizeEffect(send(grandchild.run_id, key(), "mailto:dave@example.com", usd=300))
     assert outcome_name(too_much) == "DENY" and "BUDGET_EXHAUSTED" in codes(too_much)

@@ -113,7 +113,9 @@ class Stubs:
 
 async def race_round(stubs: Stubs, run_id: str, index: int, rng: random.Random) -> Round:
     sealer, authorizer = index % SERVERS, (index + 1) % SERVERS
-    revision = (await stubs.runs[index % SERVERS].GetRun(runs_pb2.GetRunRequest(run_id=run_id), **stubs.options)).revision
+    revision = (
+        await stubs.runs[index % SERVERS].GetRun(runs_pb2.GetRunRequest(run_id=run_id), **stubs.options)
+    ).revision
     go = asyncio.Event()
     seal_delay, authorize_delay = rng.uniform(0, SEAL_JITTER_SECONDS), rng.uniform(0, AUTHORIZE_JITTER_SECONDS)
 
@@ -133,7 +135,9 @@ async def race_round(stubs: Stubs, run_id: str, index: int, rng: random.Random) 
     async def authorize():
         await go.wait()
         await asyncio.sleep(authorize_delay)
-        request = authorize_request(run_id, f"race-{index}-{uuid.uuid4().hex[:8]}", target=f"mailto:r{index}@example.com")
+        request = authorize_request(
+            run_id, f"race-{index}-{uuid.uuid4().hex[:8]}", target=f"mailto:r{index}@example.com"
+        )
         return await stubs.gates[authorizer].AuthorizeEffect(request, **stubs.options)
 
     sealing, authorizing = asyncio.ensure_future(seal()), asyncio.ensure_future(authorize())
@@ -168,7 +172,8 @@ async def test_a_seal_racing_an_authorization_never_misses_an_effect_at_its_revi
         page_token = ""
         while True:
             page = await stubs.checkpoints[1].ListCheckpoints(
-                checkpoints_pb2.ListCheckpointsRequest(run_id=run_id, page_size=100, page_token=page_token), **stubs.options
+                checkpoints_pb2.ListCheckpointsRequest(run_id=run_id, page_size=100, page_token=page_token),
+                **stubs.options,
             )
             listed.extend(page.checkpoints)
             page_token = page.next_page_token
@@ -176,7 +181,9 @@ async def test_a_seal_racing_an_authorization_never_misses_an_effect_at_its_revi
                 break
 
     assert [e.revision for e in events] == list(range(1, len(events) + 1))
-    authorized_at = {json.loads(e.payload_json)["effect_id"]: e.revision for e in events if e.type == "effect.authorized"}
+    authorized_at = {
+        json.loads(e.payload_json)["effect_id"]: e.revision for e in events if e.type == "effect.authorized"
+    }
     sealed_events = {json.loads(e.payload_json)["checkpoint_id"]: e for e in events if e.type == "checkpoint.sealed"}
     assert set(authorized_at) == {r.effect_id for r in rounds}
 
@@ -193,7 +200,9 @@ async def test_a_seal_racing_an_authorization_never_misses_an_effect_at_its_revi
         held = {e["effect_id"] for e in json.loads(checkpoint.ledger_json)["effects"]["open"]}
         missing = should_hold - held
         assert not missing, f"round {index}: checkpoint at revision {revision} misses effects {sorted(missing)}"
-        assert held == should_hold, f"round {index}: checkpoint at revision {revision} holds later effects {sorted(held - should_hold)}"
+        assert held == should_hold, (
+            f"round {index}: checkpoint at revision {revision} holds later effects {sorted(held - should_hold)}"
+        )
         assert current.effect_id not in held
         assert sealed_events[checkpoint.checkpoint_id].revision == revision + 1, index
         assert authorized_at[current.effect_id] == revision + 2, index

@@ -201,8 +201,15 @@ def test_a_planted_archive_is_refused_and_an_admin_may_only_import_it_as_a_new_r
     exported = seal_and_export(server, new_tenant(database_url))
     forged = tar_files(_consistent(exported.files, lambda m: m.__setitem__("revision", m["revision"] + 2)))
     runs = exported.agent.runs
-    assert_refused(exported.stub, runs, exported.run_id, forged, "FAILED_PRECONDITION", SIGNATURE_FILE,
-                   reason="CHECKPOINT_UNSIGNED")
+    assert_refused(
+        exported.stub,
+        runs,
+        exported.run_id,
+        forged,
+        "FAILED_PRECONDITION",
+        SIGNATURE_FILE,
+        reason="CHECKPOINT_UNSIGNED",
+    )
     with raises_error("PERMISSION_DENIED", "UNSIGNED_IMPORT_NEEDS_ADMIN"):
         import_archive(exported.stub, forged, allow_unsigned=True)
     before = checkpoint_ids(exported.stub, exported.run_id)
@@ -216,9 +223,11 @@ def test_a_planted_archive_is_refused_and_an_admin_may_only_import_it_as_a_new_r
     )
     imported = import_archive(exported.admin_stub, as_new_run, allow_unsigned=True)
     assert imported.run_id == fresh_run and imported.revision == exported.checkpoint.revision + 2
-    events = exported.tenant.client(server, "admin").runs.ListRunEvents(
-        runs_pb2.ListRunEventsRequest(run_id=fresh_run)
-    ).events
+    events = (
+        exported.tenant.client(server, "admin")
+        .runs.ListRunEvents(runs_pb2.ListRunEventsRequest(run_id=fresh_run))
+        .events
+    )
     created = [json.loads(e.payload_json) for e in events if e.type == "run.imported"]
     assert created and created[0]["signed_by"] == ""
     # The genuine archive still imports for the agent, into its own run, signed by the deployment.

@@ -21,7 +21,12 @@ from support import (
 
 
 def facts(**overrides) -> checkpoints_pb2.CompatibilityFacts:
-    values = {"runtime": "agent-runtime/3", "contract_schema": "tools/v2", "code_version": "1.4.0", "checkpoint_format": 2}
+    values = {
+        "runtime": "agent-runtime/3",
+        "contract_schema": "tools/v2",
+        "code_version": "1.4.0",
+        "checkpoint_format": 2,
+    }
     values.update(overrides)
     return checkpoints_pb2.CompatibilityFacts(**values)
 
@@ -62,7 +67,9 @@ def test_an_unknown_effect_survives_a_crash_and_a_model_switch(own_server, tenan
     assert events[-1].type == "checkpoint.sealed" and events[-1].revision == revision + 1
 
     registered = checkpoints.RegisterCheckpoint(
-        checkpoints_pb2.RegisterCheckpointRequest(checkpoint_id=sealed.checkpoint_id, facts=facts(recorded_effects=[sent.effect_id]))
+        checkpoints_pb2.RegisterCheckpointRequest(
+            checkpoint_id=sealed.checkpoint_id, facts=facts(recorded_effects=[sent.effect_id])
+        )
     )
     assert checkpoints_pb2.CheckpointStatus.Name(registered.status) == "REGISTERED"
 
@@ -72,7 +79,9 @@ def test_an_unknown_effect_survives_a_crash_and_a_model_switch(own_server, tenan
     checkpoints = checkpoints_stub(own_server, tenant.tokens["agent"])
 
     forgetful = checkpoints.CheckResumeCompatibility(
-        checkpoints_pb2.CheckResumeCompatibilityRequest(checkpoint_id=sealed.checkpoint_id, current=facts(code_version="1.5.0"))
+        checkpoints_pb2.CheckResumeCompatibilityRequest(
+            checkpoint_id=sealed.checkpoint_id, current=facts(code_version="1.5.0")
+        )
     )
     assert checkpoints_pb2.Verdict.Name(forgetful.verdict) == "INCOMPATIBLE"
     assert {f.fact for f in forgetful.facts} == {"code_version", f"effect:{sent.effect_id}"}
@@ -114,13 +123,17 @@ def test_seal_refuses_a_run_that_moved_and_live_continuations(server, tenant):
     checkpoints = checkpoints_stub(server, tenant.tokens["agent"])
     run_id = new_run(agent)
     with raises_error("FAILED_PRECONDITION", "REVISION_MOVED"):
-        checkpoints.SealCheckpoint(checkpoints_pb2.SealCheckpointRequest(run_id=run_id, expected_revision=0, state_json=b"{}"))
+        checkpoints.SealCheckpoint(
+            checkpoints_pb2.SealCheckpointRequest(run_id=run_id, expected_revision=0, state_json=b"{}")
+        )
     assert raises_error.last.metadata["current_revision"] == "1"
     with raises_error("FAILED_PRECONDITION", "LIVE_CONTINUATION_NOT_STORABLE"):
         checkpoints.StoreLiveContinuation(checkpoints_pb2.LiveContinuation(value=b"socket"))
     with raises_error("FAILED_PRECONDITION", "LIVE_CONTINUATION_NOT_STORABLE"):
         checkpoints.SealCheckpoint(
-            checkpoints_pb2.SealCheckpointRequest(run_id=run_id, expected_revision=1, state_json=b'{"lifetime":"live_continuation"}')
+            checkpoints_pb2.SealCheckpointRequest(
+                run_id=run_id, expected_revision=1, state_json=b'{"lifetime":"live_continuation"}'
+            )
         )
 
 
@@ -133,17 +146,30 @@ def test_export_import_round_trip_and_fork(server, tenant):
     agent.gate.RecordOutcome(unknown(sent.attempt_id))
     revision = agent.runs.GetRun(runs_pb2.GetRunRequest(run_id=run_id)).revision
     sealed = checkpoints.SealCheckpoint(
-        checkpoints_pb2.SealCheckpointRequest(run_id=run_id, expected_revision=revision, state_json=b'{"x":1}', facts=facts())
+        checkpoints_pb2.SealCheckpointRequest(
+            run_id=run_id, expected_revision=revision, state_json=b'{"x":1}', facts=facts()
+        )
     )
-    chunks = list(checkpoints.ExportCheckpoint(checkpoints_pb2.ExportCheckpointRequest(checkpoint_id=sealed.checkpoint_id)))
+    chunks = list(
+        checkpoints.ExportCheckpoint(checkpoints_pb2.ExportCheckpointRequest(checkpoint_id=sealed.checkpoint_id))
+    )
     archive = b"".join(c.data for c in chunks)
     import io
     import tarfile
 
     names = tarfile.open(fileobj=io.BytesIO(archive)).getnames()
-    assert set(names) == {"manifest.json", "state.json", "artifacts.json", "README.md", "ledger/effects.json",
-                          "ledger/approvals.json", "ledger/budgets.json", "ledger/tools.json", "ledger/policy.json",
-                          "manifest.sig"}  # signed by the deployment's own key
+    assert set(names) == {
+        "manifest.json",
+        "state.json",
+        "artifacts.json",
+        "README.md",
+        "ledger/effects.json",
+        "ledger/approvals.json",
+        "ledger/budgets.json",
+        "ledger/tools.json",
+        "ledger/policy.json",
+        "manifest.sig",
+    }  # signed by the deployment's own key
     readme = tarfile.open(fileobj=io.BytesIO(archive)).extractfile("README.md").read().decode()
     assert sent.effect_id in readme and "may have happened" in readme
     imported = checkpoints.ImportCheckpoint(iter([checkpoints_pb2.ArchiveChunk(data=c.data) for c in chunks]))
@@ -152,7 +178,9 @@ def test_export_import_round_trip_and_fork(server, tenant):
 
     checkpoints.RegisterCheckpoint(checkpoints_pb2.RegisterCheckpointRequest(checkpoint_id=sealed.checkpoint_id))
     fork = checkpoints.ForkRun(
-        checkpoints_pb2.ForkRunRequest(checkpoint_id=sealed.checkpoint_id, world=checkpoints_pb2.SIMULATED, difference="model B")
+        checkpoints_pb2.ForkRunRequest(
+            checkpoint_id=sealed.checkpoint_id, world=checkpoints_pb2.SIMULATED, difference="model B"
+        )
     )
     child = agent.runs.GetRun(runs_pb2.GetRunRequest(run_id=fork.run_id))
     assert child.parent_run_id == run_id and child.world == "SIMULATED"

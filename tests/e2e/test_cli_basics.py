@@ -24,8 +24,11 @@ CONCURRENT_MIGRATIONS = 6
 def effect_ledger(*arguments: str, env: dict[str, str] | None = None, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "effect_ledger", *arguments],
-        capture_output=True, text=True, timeout=COMMAND_TIMEOUT_SECONDS,
-        env={**os.environ, **(env or {})}, cwd=cwd or REPO,
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT_SECONDS,
+        env={**os.environ, **(env or {})},
+        cwd=cwd or REPO,
     )
 
 
@@ -69,8 +72,13 @@ def test_a_port_in_use_is_one_line_and_exit_2(tmp_path):
         taken.listen()
         port = taken.getsockname()[1]
         result = effect_ledger(
-            "serve", "--database-url", f"sqlite:///{tmp_path}/ledger.db",
-            "--listen", f"127.0.0.1:{port}", "--workers", "1",
+            "serve",
+            "--database-url",
+            f"sqlite:///{tmp_path}/ledger.db",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--workers",
+            "1",
         )
     assert_one_line_error(result, f"127.0.0.1:{port}", "already in use")
 
@@ -82,7 +90,10 @@ def test_concurrent_migrate_jobs_all_succeed():
         jobs = [
             subprocess.Popen(
                 [sys.executable, "-m", "effect_ledger", "migrate", "--database-url", url],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                cwd=REPO,
             )
             for _ in range(CONCURRENT_MIGRATIONS)
         ]

@@ -135,9 +135,7 @@ class Gates:
             return error
 
 
-async def storm(
-    gates: Gates, requests: list, complete_reference: str | None = None
-) -> list[Result]:
+async def storm(gates: Gates, requests: list, complete_reference: str | None = None) -> list[Result]:
     """Fire every request at once, request i at server i % 3; answers in request order.
 
     With ``complete_reference`` the first ALLOW is dispatched and recorded SUCCEEDED (on another
@@ -301,8 +299,7 @@ async def test_one_key_storm_gives_exactly_one_allow(cluster):
     stages = dict(
         query(
             cluster,
-            "SELECT idempotency_key, stage FROM effects"
-            " WHERE tenant_id = %s AND idempotency_key = ANY(%s)",
+            "SELECT idempotency_key, stage FROM effects WHERE tenant_id = %s AND idempotency_key = ANY(%s)",
             cluster.tenant.name,
             keys,
         )
@@ -326,9 +323,7 @@ async def test_one_key_two_intents_one_digest_wins(cluster):
             keys.append(key)
             reference = f"msg-{key}" if round_number % COMPLETE_EVERY == 0 else None
             side_of = [index % 2 for index in range(2 * RACE_CALLS_PER_SIDE)]
-            requests = [
-                authorize_request(run_id, key, tool=MAIL, arguments=sides[side]) for side in side_of
-            ]
+            requests = [authorize_request(run_id, key, tool=MAIL, arguments=sides[side]) for side in side_of]
             results = await storm(gates, requests, complete_reference=reference)
 
             allows = [(side, r) for side, r in zip(side_of, results, strict=False) if is_allow(r)]
@@ -412,7 +407,10 @@ async def test_retry_same_key_storm_stops_at_max_attempts(cluster):
             key = new_key(f"retry{round_number}")
             keys.append(key)
             request = authorize_request(
-                run_id, key, tool=CHARGE, arguments=b'{"amount":100,"currency":"EUR"}',
+                run_id,
+                key,
+                tool=CHARGE,
+                arguments=b'{"amount":100,"currency":"EUR"}',
                 target="card:4242",
             )
             responses = answers(await storm(gates, [request] * RETRY_CALLS))
@@ -448,7 +446,10 @@ async def test_retry_same_key_storm_stops_at_max_attempts(cluster):
     assert len(attempts) == len(keys)
     for key, effects_rows, numbers, provider_keys, stages in attempts:
         assert (effects_rows, numbers, provider_keys, stages) == (
-            1, list(range(1, RETRY_MAX_ATTEMPTS + 1)), 1, ["AUTHORIZED"]
+            1,
+            list(range(1, RETRY_MAX_ATTEMPTS + 1)),
+            1,
+            ["AUTHORIZED"],
         ), key
     decided = decisions_per_key(cluster, keys)
     for key in keys:
@@ -480,10 +481,7 @@ async def test_racing_reports_never_regress_a_stage(cluster):
             dispatch = gate_pb2.RecordDispatchRequest(attempt_id=allowed.attempt_id)
             reports = await asyncio.gather(
                 gates.gates[0].RecordOutcome(succeeded(allowed.attempt_id, reference), **options),
-                *(
-                    gates.gates[1 + index % 2].RecordDispatch(dispatch, **options)
-                    for index in range(DISPATCH_RETRIES)
-                ),
+                *(gates.gates[1 + index % 2].RecordDispatch(dispatch, **options) for index in range(DISPATCH_RETRIES)),
             )
             outcome, dispatches = reports[0], reports[1:]
             assert outcome.changed and outcome.attempt.stage == common_pb2.SUCCEEDED
@@ -559,7 +557,5 @@ def test_traces_are_intact_after_the_storms(cluster):
     # A deadlock is retried inside the server and never shows in an answer: ask PostgreSQL.
     # Backends report their statistics within about a second of going idle.
     time.sleep(STATS_FLUSH_SECONDS)
-    deadlocks = query(
-        cluster, "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
-    )
+    deadlocks = query(cluster, "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
     assert deadlocks == [(0,)]

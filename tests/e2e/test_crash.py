@@ -200,8 +200,11 @@ class Plan:
 
     def request(self) -> gate_pb2.AuthorizeEffectRequest:
         return gate_pb2.AuthorizeEffectRequest(
-            run_id=self.run_id, tool=self.tool, arguments_json=self.arguments,
-            idempotency_key=self.key, target=self.target,
+            run_id=self.run_id,
+            tool=self.tool,
+            arguments_json=self.arguments,
+            idempotency_key=self.key,
+            target=self.target,
         )
 
     @property
@@ -223,8 +226,9 @@ def stage_of(result: Result) -> str:
 class Worker:
     """One agent runtime: drives its plans one after another, retrying until each is settled."""
 
-    def __init__(self, client: RecordingClient, plans: list[Plan], provider: Provider, deadline: float,
-                 abort: threading.Event) -> None:
+    def __init__(
+        self, client: RecordingClient, plans: list[Plan], provider: Provider, deadline: float, abort: threading.Event
+    ) -> None:
         self.client = client
         self.plans = plans
         self.provider = provider
@@ -345,9 +349,13 @@ class Worker:
         if reference is not None:
             evidence = {"receipt": common_pb2.Receipt(provider_reference=reference, detail_json=RECEIPT_DETAIL)}
         else:
-            evidence = {"not_happened": gate_pb2.ReconcileEffectRequest.NotHappened(
-                reason="the runtime never sent it, or the provider rejected it",
-                lookup_reference=f"lookup-{plan.key}", lookup_result_json=b'{"found":false}')}
+            evidence = {
+                "not_happened": gate_pb2.ReconcileEffectRequest.NotHappened(
+                    reason="the runtime never sent it, or the provider rejected it",
+                    lookup_reference=f"lookup-{plan.key}",
+                    lookup_result_json=b'{"found":false}',
+                )
+            }
         request = gate_pb2.ReconcileEffectRequest(effect_id=plan.effect_id, **evidence)
         settled = self.definite(lambda **kw: self.client.reconcile(request, key=plan.key, tool=plan.tool, **kw))
         expected = "SUCCEEDED" if reference is not None else "FAILED"
@@ -360,7 +368,8 @@ class Worker:
         if read.type != "ok":
             raise Stop(f"GetEffect: {read.error}")
         open_attempts = [
-            a.attempt_id for a in read.response.attempts
+            a.attempt_id
+            for a in read.response.attempts
             if common_pb2.Stage.Name(a.stage) in ("AUTHORIZED", "DISPATCHED", "UNKNOWN")
         ]
         if not open_attempts:
@@ -408,12 +417,18 @@ def tool_contracts():
     # QUERY_THEN_RETRY: a runtime that asked the provider settles "not happened" itself, with
     # the lookup as evidence.
     mail = contract(
-        MAIL, max_attempts=MAX_ATTEMPTS, lease_seconds=LEASE_SECONDS, queryable=True,
+        MAIL,
+        max_attempts=MAX_ATTEMPTS,
+        lease_seconds=LEASE_SECONDS,
+        queryable=True,
         allowed_recovery=(common_pb2.QUERY_THEN_RETRY,),
     )
     charge = contract(
-        CHARGE, allowed_recovery=(common_pb2.RETRY_SAME_KEY, common_pb2.QUERY_THEN_RETRY), queryable=True,
-        max_attempts=MAX_ATTEMPTS, lease_seconds=LEASE_SECONDS
+        CHARGE,
+        allowed_recovery=(common_pb2.RETRY_SAME_KEY, common_pb2.QUERY_THEN_RETRY),
+        queryable=True,
+        max_attempts=MAX_ATTEMPTS,
+        lease_seconds=LEASE_SECONDS,
     )
     for request in (mail, charge):
         request.contract.default_estimate[USD] = ESTIMATE[USD]
@@ -474,8 +489,14 @@ def run_scenario(database_url: str, point: str, crash_after: int) -> ScenarioRes
         with tenant.client(server, "agent") as agent:
             run_ids = [new_run(agent) for _ in range(WORKERS)]
         for number, (run_id, names) in enumerate(zip(run_ids, WORKER_PLANS, strict=False)):
-            client = RecordingClient(history, f"w{number}", tenant.name, server.target, tenant.tokens["agent"],
-                                     timeout_seconds=CALL_TIMEOUT_SECONDS)
+            client = RecordingClient(
+                history,
+                f"w{number}",
+                tenant.name,
+                server.target,
+                tenant.tokens["agent"],
+                timeout_seconds=CALL_TIMEOUT_SECONDS,
+            )
             clients.append(client)
             own = [
                 make_plan(name, f"{tag}-w{number}-{index}-{name}", run_id, revisions, 10 * number + index)
@@ -562,9 +583,7 @@ def wait_for_open_effects(client: RecordingClient, plans: list[Plan], deadline: 
             assert listed.type == "ok", listed.error
             assert not listed.response.next_page_token
             seen[run_id] = dict(listed.op.value["effects"])
-        settled = all(
-            set(seen[run]) == expected[run] and set(seen[run].values()) <= {"UNKNOWN"} for run in seen
-        )
+        settled = all(set(seen[run]) == expected[run] and set(seen[run].values()) <= {"UNKNOWN"} for run in seen)
         if settled or time.monotonic() > until:
             return seen
         time.sleep(0.1)
@@ -595,9 +614,7 @@ def test_a_crash_at_a_commit_point_loses_nothing_acknowledged_and_allows_nothing
     assert lost, explain(f"no indeterminate {method} call: the crash did not hit a call")
 
     # The history checks.
-    violations = check_all(
-        history, contracts=outcome.contracts, final=final, budget_limits={USD: BUDGET_LIMIT}
-    )
+    violations = check_all(history, contracts=outcome.contracts, final=final, budget_limits={USD: BUDGET_LIMIT})
     assert violations == [], explain(summarize(violations))
     assert check_final_attempts(final, outcome.contracts, history) == []
     assert outcome.samples > 0
@@ -635,7 +652,9 @@ def test_a_crash_at_a_commit_point_loses_nothing_acknowledged_and_allows_nothing
 
     verified = subprocess.run(
         [sys.executable, "-m", "effect_ledger", "verify", "--database-url", database_url],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert verified.returncode == 0, verified.stdout + verified.stderr
 

@@ -34,7 +34,12 @@ def test_authorize_dispatch_succeed_then_duplicate(server, tenant):
     assert [e.type for e in events] == ["run.created", "effect.authorized", "attempt.dispatched", "attempt.succeeded"]
     assert [e.revision for e in events] == [1, 2, 3, 4]
     assert all(later.prev_hash == earlier.hash for earlier, later in zip(events, events[1:], strict=False))
-    assert outcome_name(agent.gate.GetDecision(gate_pb2.GetDecisionRequest(decision_id=again.decision_id))) == "DUPLICATE"
-    assert common_pb2.Outcome.Name(
-        agent.gate.GetDecision(gate_pb2.GetDecisionRequest(decision_id=first.decision_id)).outcome
-    ) == "ALLOW"
+    assert (
+        outcome_name(agent.gate.GetDecision(gate_pb2.GetDecisionRequest(decision_id=again.decision_id))) == "DUPLICATE"
+    )
+    assert (
+        common_pb2.Outcome.Name(
+            agent.gate.GetDecision(gate_pb2.GetDecisionRequest(decision_id=first.decision_id)).outcome
+        )
+        == "ALLOW"
+    )

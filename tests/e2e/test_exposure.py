@@ -41,12 +41,8 @@ def bearer(token: str) -> tuple:
         ),
     ],
 )
-@pytest.mark.parametrize(
-    "metadata", [(), bearer("forged-token")], ids=["no token", "unknown token"]
-)
-def test_malformed_requests_from_unknown_callers_answer_unauthenticated(
-    server, call, request_message, metadata
-):
+@pytest.mark.parametrize("metadata", [(), bearer("forged-token")], ids=["no token", "unknown token"])
+def test_malformed_requests_from_unknown_callers_answer_unauthenticated(server, call, request_message, metadata):
     with grpc.insecure_channel(server.target) as channel:
         stub = checkpoints_pb2_grpc.CheckpointsStub(channel)
         with pytest.raises(grpc.RpcError) as error:
@@ -72,9 +68,7 @@ def test_imports_without_a_valid_token_are_refused_before_they_are_read(server, 
         metadata = () if index % 2 else bearer("forged-token")
         with grpc.insecure_channel(server.target) as channel:
             try:
-                checkpoints_pb2_grpc.CheckpointsStub(channel).ImportCheckpoint(
-                    chunks(), metadata=metadata, timeout=30
-                )
+                checkpoints_pb2_grpc.CheckpointsStub(channel).ImportCheckpoint(chunks(), metadata=metadata, timeout=30)
             except grpc.RpcError as error:
                 results[index] = error.code()
 
@@ -136,14 +130,10 @@ def test_a_principal_gets_a_bounded_number_of_streams(server, tenant, agent, adm
         open_streams = []
         try:
             for _ in range(cap):
-                call = stub.WatchApprovals(
-                    approvals_pb2.WatchApprovalsRequest(), metadata=bearer(token), timeout=30
-                )
+                call = stub.WatchApprovals(approvals_pb2.WatchApprovalsRequest(), metadata=bearer(token), timeout=30)
                 open_streams.append(call)
                 assert next(call).type == "approval.requested"  # served: it holds its slot
-            extra = stub.WatchApprovals(
-                approvals_pb2.WatchApprovalsRequest(), metadata=bearer(token), timeout=10
-            )
+            extra = stub.WatchApprovals(approvals_pb2.WatchApprovalsRequest(), metadata=bearer(token), timeout=10)
             with pytest.raises(grpc.RpcError) as error:
                 next(extra)
             assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED

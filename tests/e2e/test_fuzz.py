@@ -50,7 +50,11 @@ def default_seed() -> int:
     commit (CI's, say) replays the same ones. Outside a git checkout: a random seed."""
     try:
         head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True,
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
             cwd=os.path.dirname(os.path.abspath(__file__)),
         ).stdout.strip()
         return int(head[:8], 16)
@@ -156,7 +160,10 @@ def message_values(descriptor, pool: list[str], depth: int = 0) -> st.SearchStra
     optional = {}
     for field in descriptor.fields:
         if _is_map(field):
-            key_field, value_field = field.message_type.fields_by_name["key"], field.message_type.fields_by_name["value"]
+            key_field, value_field = (
+                field.message_type.fields_by_name["key"],
+                field.message_type.fields_by_name["value"],
+            )
             optional[field.name] = st.dictionaries(
                 field_values(key_field, pool, depth), field_values(value_field, pool, depth), max_size=3
             )
@@ -218,7 +225,9 @@ class Ledger:
             )
             allowed = agent.gate.AuthorizeEffect(authorize)
             approval = agent.approvals.RequestApproval(
-                approvals_pb2.RequestApprovalRequest(run_id=run_id, tool="wire.send", arguments_json=b"{}", target="acct:1")
+                approvals_pb2.RequestApprovalRequest(
+                    run_id=run_id, tool="wire.send", arguments_json=b"{}", target="acct:1"
+                )
             )
             self.pool += [run_id, allowed.effect_id, allowed.attempt_id, allowed.decision_id, approval.approval_id]
             self.pool += ["email.send", "wire.send", "agent", "admin", "reviewer", "k1", "usd_micros"]
@@ -231,7 +240,9 @@ class Ledger:
                     checkpoints_pb2.SealCheckpointRequest(run_id=run_id, state_json=b"{}")
                 ],
                 "/effectledger.v1.Approvals/RequestApproval": [
-                    approvals_pb2.RequestApprovalRequest(run_id=run_id, tool="wire.send", arguments_json=b"{}", target="t")
+                    approvals_pb2.RequestApprovalRequest(
+                        run_id=run_id, tool="wire.send", arguments_json=b"{}", target="t"
+                    )
                 ],
                 "/effectledger.v1.Budgets/PutBudget": [
                     budgets_pb2.PutBudgetRequest(scope=budgets_pb2.TENANT, dimension="usd_micros", limit=100)
@@ -260,7 +271,9 @@ def call(ledger: Ledger, path: str, request_class, client_streaming: bool, serve
         if client_streaming:
             ledger.channel.stream_unary(path, serialize, deserialize)(iter(messages), metadata=metadata, timeout=5)
         elif server_streaming:
-            responses = ledger.channel.unary_stream(path, serialize, deserialize)(messages[0], metadata=metadata, timeout=1)
+            responses = ledger.channel.unary_stream(path, serialize, deserialize)(
+                messages[0], metadata=metadata, timeout=1
+            )
             for index, _ in enumerate(responses):
                 if index >= 2:
                     responses.cancel()

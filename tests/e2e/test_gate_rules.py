@@ -145,7 +145,9 @@ def test_release_before_dispatch_gives_the_authorization_back(agent, admin):
     admin.tools.PutToolContract(contract(max_attempts=1))
     run_id = new_run(agent)
     first = agent.gate.AuthorizeEffect(authorize_request(run_id, "k"))
-    released = agent.gate.ReleaseAttempt(gate_pb2.ReleaseAttemptRequest(attempt_id=first.attempt_id, reason="plan changed"))
+    released = agent.gate.ReleaseAttempt(
+        gate_pb2.ReleaseAttemptRequest(attempt_id=first.attempt_id, reason="plan changed")
+    )
     assert stage_name(released.attempt.stage) == "RELEASED" and stage_name(released.effect_stage) == "RELEASED"
     with raises_error("FAILED_PRECONDITION", "ATTEMPT_RELEASED"):
         agent.gate.RecordDispatch(gate_pb2.RecordDispatchRequest(attempt_id=first.attempt_id))
@@ -208,7 +210,9 @@ def test_reconcile_not_happened_reopens_the_effect_for_a_new_attempt(agent, admi
     assert "provider has no message" in settled.attempts[0].outcome_reason
     with raises_error("FAILED_PRECONDITION", "CONFLICTING_OUTCOME"):
         agent.gate.ReconcileEffect(
-            gate_pb2.ReconcileEffectRequest(effect_id=first.effect_id, receipt=common_pb2.Receipt(provider_reference="x"))
+            gate_pb2.ReconcileEffectRequest(
+                effect_id=first.effect_id, receipt=common_pb2.Receipt(provider_reference="x")
+            )
         )
     retry = agent.gate.AuthorizeEffect(authorize_request(run_id, "k"))
     assert outcome_name(retry) == "ALLOW" and retry.attempt_number == 2
@@ -255,7 +259,9 @@ def test_an_effect_stays_pinned_to_the_revision_it_was_authorized_under(agent, a
 
 
 def test_irreversible_tools_require_approval_and_create_nothing(agent, admin):
-    admin.tools.PutToolContract(contract("payments.charge", effect_class=common_pb2.IRREVERSIBLE, provider_idempotency=False))
+    admin.tools.PutToolContract(
+        contract("payments.charge", effect_class=common_pb2.IRREVERSIBLE, provider_idempotency=False)
+    )
     run_id = new_run(agent)
     answer = agent.gate.AuthorizeEffect(authorize_request(run_id, "pay-1", tool="payments.charge"))
     assert outcome_name(answer) == "REQUIRE_APPROVAL" and reason_codes(answer) == ["IRREVERSIBLE_TOOL"]
@@ -276,7 +282,11 @@ def test_a_target_with_an_unknown_effect_blocks_new_effects_of_that_tool(agent, 
     policy_input = json.loads(decision.input_json)
     assert policy_input["target_unknown_effects"][0]["effect_id"] == first.effect_id
     assert {e["effect_id"] for e in policy_input["run_open_effects"]} == {first.effect_id}
-    assert policy_input["principal"] == {"id": "agent", "tenant": policy_input["principal"]["tenant"], "roles": ["agent"]}
+    assert policy_input["principal"] == {
+        "id": "agent",
+        "tenant": policy_input["principal"]["tenant"],
+        "roles": ["agent"],
+    }
     assert decision.engine == "embedded-regorus" and len(decision.input_digest) == 64
 
 
@@ -314,7 +324,12 @@ def test_bad_arguments_are_invalid_argument_with_a_field_violation(agent, admin,
 def test_bad_contracts_are_refused_with_every_violation(admin):
     with raises_error("INVALID_ARGUMENT", "INVALID_TOOL_CONTRACT"):
         admin.tools.PutToolContract(
-            contract("bad tool name", max_attempts=0, provider_idempotency=False, allowed_recovery=(common_pb2.RETRY_SAME_KEY,))
+            contract(
+                "bad tool name",
+                max_attempts=0,
+                provider_idempotency=False,
+                allowed_recovery=(common_pb2.RETRY_SAME_KEY,),
+            )
         )
     fields = {v.field for v in raises_error.last.violations}
     assert {"contract.tool", "contract.max_attempts", "contract.allowed_recovery"} <= fields
@@ -359,7 +374,9 @@ def test_tokens_roles_and_tenants(server, tenant, agent, admin):
         lambda: other.gate.GetDecision(gate_pb2.GetDecisionRequest(decision_id=allowed.decision_id)),
         lambda: other.runs.ListRunEvents(runs_pb2.ListRunEventsRequest(run_id=run_id)),
         lambda: other.gate.ReconcileEffect(
-            gate_pb2.ReconcileEffectRequest(effect_id=allowed.effect_id, receipt=common_pb2.Receipt(provider_reference="x"))
+            gate_pb2.ReconcileEffectRequest(
+                effect_id=allowed.effect_id, receipt=common_pb2.Receipt(provider_reference="x")
+            )
         ),
     ):
         with raises_error("NOT_FOUND"):

@@ -72,9 +72,7 @@ def test_a_schema_with_a_remote_ref_is_refused_at_registration(admin):
             {"$schema": "http://json-schema.org/draft-07/schema#"},
         ):
             with raises_error("INVALID_ARGUMENT", "INVALID_TOOL_CONTRACT"):
-                admin.tools.PutToolContract(
-                    contract(arguments_schema_json=json.dumps(schema).encode())
-                )
+                admin.tools.PutToolContract(contract(arguments_schema_json=json.dumps(schema).encode()))
             assert violation_fields() == ["contract.arguments_schema_json"], schema
         assert remote.requests == 0
     with raises_error("NOT_FOUND"):  # nothing was registered
@@ -97,16 +95,11 @@ def test_a_pathological_pattern_answers_at_once(admin, agent):
     for attempt in range(2):  # compiled on the first call, from the cache on the second
         started = time.monotonic()
         with raises_error("INVALID_ARGUMENT", "ARGUMENTS_SCHEMA_VIOLATION"):
-            agent.gate.AuthorizeEffect(
-                authorize_request(run_id, f"k-{attempt}", arguments=arguments)
-            )
+            agent.gate.AuthorizeEffect(authorize_request(run_id, f"k-{attempt}", arguments=arguments))
         assert time.monotonic() - started < 0.5
         assert violation_fields() == ["arguments_json['to']"]
     matching = json.dumps({"to": "a" * 30}).encode()
-    assert (
-        agent.gate.AuthorizeEffect(authorize_request(run_id, "k-ok", arguments=matching)).outcome
-        == common_pb2.ALLOW
-    )
+    assert agent.gate.AuthorizeEffect(authorize_request(run_id, "k-ok", arguments=matching)).outcome == common_pb2.ALLOW
 
 
 def test_a_costly_argument_check_does_not_stall_other_calls(server, admin, agent):
@@ -209,8 +202,7 @@ def _oversized_total() -> bytes:
 ARCHIVES = {
     # 61 KB that unpack to 480 MiB.
     "sparse": (
-        b"".join(gnu_sparse(f"holes/{n:02}.bin", 8 * 1024 * 1024 - 512) for n in range(60))
-        + b"\0" * 1024,
+        b"".join(gnu_sparse(f"holes/{n:02}.bin", 8 * 1024 * 1024 - 512) for n in range(60)) + b"\0" * 1024,
         "holes/00.bin",
     ),
     "symlink": (
@@ -318,39 +310,27 @@ def test_the_enum_fields_below_are_every_enum_field_of_every_request():
             descriptor = importlib.import_module(f"effectledger.v1.{module.name}").DESCRIPTOR
             for service in descriptor.services_by_name.values():
                 for method in service.methods:
-                    for path in _enum_paths(
-                        method.input_type, "", frozenset({method.input_type.full_name})
-                    ):
+                    for path in _enum_paths(method.input_type, "", frozenset({method.input_type.full_name})):
                         found.add((service.name, method.name, path))
     assert found == ENUM_FIELDS
 
 
-def test_an_undefined_enum_number_is_invalid_argument_in_every_request(
-    server, tenant, admin, agent
-):
+def test_an_undefined_enum_number_is_invalid_argument_in_every_request(server, tenant, admin, agent):
     stub = checkpoints_stub(server, tenant.tokens["agent"])
     admin.tools.PutToolContract(contract())
     run_id = new_run(agent)
     allowed = agent.gate.AuthorizeEffect(authorize_request(run_id, "enum-1"))
     calls = {
-        "contract.effect_class": lambda: admin.tools.PutToolContract(
-            contract("t.enum", effect_class=UNDEFINED)
-        ),
+        "contract.effect_class": lambda: admin.tools.PutToolContract(contract("t.enum", effect_class=UNDEFINED)),
         "contract.allowed_recovery[0]": lambda: admin.tools.PutToolContract(
             contract("t.enum", allowed_recovery=(UNDEFINED,))
         ),
-        "state": lambda: agent.approvals.ListApprovals(
-            approvals_pb2.ListApprovalsRequest(state=UNDEFINED)
-        ),
+        "state": lambda: agent.approvals.ListApprovals(approvals_pb2.ListApprovalsRequest(state=UNDEFINED)),
         "scope": lambda: admin.budgets.PutBudget(
             budgets_pb2.PutBudgetRequest(scope=UNDEFINED, dimension="usd_micros", limit=1)
         ),
-        "scope (get)": lambda: agent.budgets.GetBudget(
-            budgets_pb2.GetBudgetRequest(scope=UNDEFINED)
-        ),
-        "scope (list)": lambda: agent.budgets.ListBudgets(
-            budgets_pb2.ListBudgetsRequest(scope=UNDEFINED)
-        ),
+        "scope (get)": lambda: agent.budgets.GetBudget(budgets_pb2.GetBudgetRequest(scope=UNDEFINED)),
+        "scope (list)": lambda: agent.budgets.ListBudgets(budgets_pb2.ListBudgetsRequest(scope=UNDEFINED)),
         "failed.evidence": lambda: agent.gate.RecordOutcome(
             gate_pb2.RecordOutcomeRequest(
                 attempt_id=allowed.attempt_id,
@@ -362,18 +342,14 @@ def test_an_undefined_enum_number_is_invalid_argument_in_every_request(
                 run_id=run_id,
                 state_json=b"{}",
                 artifacts=[
-                    checkpoints_pb2.ArtifactRef(
-                        name="a", digest="sha256:" + "0" * 64, classification=UNDEFINED
-                    )
+                    checkpoints_pb2.ArtifactRef(name="a", digest="sha256:" + "0" * 64, classification=UNDEFINED)
                 ],
             )
         ),
         "stages[0]": lambda: agent.gate.ListEffects(gate_pb2.ListEffectsRequest(stages=[UNDEFINED])),
         "outcome": lambda: agent.gate.ListDecisions(gate_pb2.ListDecisionsRequest(outcome=UNDEFINED)),
         "world": lambda: stub.ForkRun(
-            checkpoints_pb2.ForkRunRequest(
-                checkpoint_id="chk_x", world=UNDEFINED, difference="what if"
-            )
+            checkpoints_pb2.ForkRunRequest(checkpoint_id="chk_x", world=UNDEFINED, difference="what if")
         ),
     }
     for field, call in calls.items():
@@ -392,9 +368,7 @@ def test_control_characters_in_identifiers_and_targets_are_refused(admin, agent,
     admin.tools.PutToolContract(contract())
     run_id = new_run(agent)
     cases = {
-        "target": authorize_request(
-            run_id, "k-target", target=f"mailto:bob@example.com{character}"
-        ),
+        "target": authorize_request(run_id, "k-target", target=f"mailto:bob@example.com{character}"),
         "run_id": authorize_request(run_id + character, "k-run"),
         "idempotency_key": authorize_request(run_id, f"k-key{character}"),
         "tool": authorize_request(run_id, "k-tool", tool=f"email.send{character}"),
@@ -420,10 +394,7 @@ def test_control_characters_in_identifiers_and_targets_are_refused(admin, agent,
         agent.runs.CreateRun(runs_pb2.CreateRunRequest(labels={"team": f"ops{character}"}))
     assert violation_fields() == ["labels['team']"]
     # Nothing was written for any of them.
-    assert (
-        list(agent.gate.ListOpenEffects(gate_pb2.ListOpenEffectsRequest(run_id=run_id)).effects)
-        == []
-    )
+    assert list(agent.gate.ListOpenEffects(gate_pb2.ListOpenEffectsRequest(run_id=run_id)).effects) == []
 
 
 # --- default estimates -----------------------------------------------------------------------
@@ -443,9 +414,7 @@ def test_a_negative_default_estimate_is_refused_naming_the_dimension(admin):
 @pytest.mark.postgres
 def test_a_remote_opa_fault_tells_the_client_no_host(pg_url):
     with OpaStandIn(default_policy_dir(), slow_seconds=2.0) as standin:
-        opa_server = ServerProcess(
-            pg_url, ["--opa-url", standin.url, "--opa-timeout-seconds", "0.5"]
-        ).start()
+        opa_server = ServerProcess(pg_url, ["--opa-url", standin.url, "--opa-timeout-seconds", "0.5"]).start()
         try:
             tenant = new_tenant(pg_url)
             admin, agent = tenant.client(opa_server, "admin"), tenant.client(opa_server, "agent")

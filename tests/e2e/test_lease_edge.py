@@ -64,8 +64,11 @@ def hold_effect_lock(database_url: str, effect_id: str, lease_end: datetime, loc
 def authorized(agent, admin, key: str, lease_seconds: int = 2):
     admin.tools.PutToolContract(
         contract(
-            effect_class=common_pb2.COMPENSATABLE, provider_idempotency=False, lease_seconds=lease_seconds,
-            queryable=True, allowed_recovery=(common_pb2.QUERY_THEN_RETRY,),
+            effect_class=common_pb2.COMPENSATABLE,
+            provider_idempotency=False,
+            lease_seconds=lease_seconds,
+            queryable=True,
+            allowed_recovery=(common_pb2.QUERY_THEN_RETRY,),
         )
     )
     run_id = new_run(agent)

@@ -113,8 +113,11 @@ async def flood(url: str, server: ServerProcess, token: str, run_id: str, number
 
         async def authorize(n: int) -> None:
             request = gate_pb2.AuthorizeEffectRequest(
-                run_id=run_id, tool=TOOL, arguments_json=b'{"n":%d}' % n,
-                idempotency_key=f"flood{number}-{n}", target="mailto:bob@example.com",
+                run_id=run_id,
+                tool=TOOL,
+                arguments_json=b'{"n":%d}' % n,
+                idempotency_key=f"flood{number}-{n}",
+                target="mailto:bob@example.com",
             )
             started = time.monotonic()
             try:

@@ -99,14 +99,28 @@ class PrivateCluster:
             [*self.as_postgres, *command], capture_output=True, text=True, timeout=timeout, cwd=self.root, check=False
         )
         if result.returncode != 0:
-            raise RuntimeError(f"{command[0]} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}\n{self.log()}")
+            raise RuntimeError(
+                f"{command[0]} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}\n{self.log()}"
+            )
 
     def init(self) -> None:
         self._run(str(self.bin / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "root", "--no-sync")
 
     def start(self) -> None:
         options = f"-k {self.sockets} -p {self.port} -c listen_addresses=127.0.0.1"
-        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.logfile), "-o", options, "-w", "-t", "60", "start")
+        self._run(
+            str(self.bin / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.logfile),
+            "-o",
+            options,
+            "-w",
+            "-t",
+            "60",
+            "start",
+        )
 
     def stop_immediately(self) -> None:
         """SIGQUIT to the postmaster: no checkpoint; the next start runs crash recovery."""
@@ -171,7 +185,9 @@ class Ledger:
             self.errors.append((time.monotonic(), call, error.grpc_code.name, error.reason))  # type: ignore[attr-defined]
 
 
-def worker(number: int, tenant: Tenant, server: ServerProcess, run_id: str, ledger: Ledger, stop: threading.Event) -> None:
+def worker(
+    number: int, tenant: Tenant, server: ServerProcess, run_id: str, ledger: Ledger, stop: threading.Event
+) -> None:
     agent = tenant.client(server, "agent", timeout_seconds=CALL_TIMEOUT_SECONDS)
     ends = time.monotonic() + WORKLOAD_SECONDS_MAX
     unreported: list[tuple[str, gate_pb2.RecordOutcomeRequest, str]] = []
@@ -196,8 +212,12 @@ def worker(number: int, tenant: Tenant, server: ServerProcess, run_id: str, ledg
             cycle += 1
             key = f"w{number}-{cycle}"
             request = gate_pb2.AuthorizeEffectRequest(
-                run_id=run_id, tool=TOOL, arguments_json=b'{"amount":%d}' % cycle, idempotency_key=key,
-                target=f"card:{number}", estimate={"usd_micros": ESTIMATE},
+                run_id=run_id,
+                tool=TOOL,
+                arguments_json=b'{"amount":%d}' % cycle,
+                idempotency_key=key,
+                target=f"card:{number}",
+                estimate={"usd_micros": ESTIMATE},
             )
             try:
                 response = agent.gate.AuthorizeEffect(request)
@@ -225,7 +245,9 @@ def worker(number: int, tenant: Tenant, server: ServerProcess, run_id: str, ledg
             else:
                 report = gate_pb2.RecordOutcomeRequest(
                     attempt_id=response.attempt_id,
-                    failed=gate_pb2.RecordOutcomeRequest.Failed(reason="card declined", evidence=gate_pb2.PROVIDER_REJECTED),
+                    failed=gate_pb2.RecordOutcomeRequest.Failed(
+                        reason="card declined", evidence=gate_pb2.PROVIDER_REJECTED
+                    ),
                 )
                 unreported.append((response.attempt_id, report, "FAILED"))
     except Exception as error:
@@ -315,7 +337,11 @@ def test_the_ledger_survives_postgres_stopping_immediately(cluster):
         with pytest.raises(errors.StorageUnavailable):
             probe.gate.AuthorizeEffect(
                 gate_pb2.AuthorizeEffectRequest(
-                    run_id=run_id, tool=TOOL, arguments_json=b"{}", idempotency_key="probe-down", target="card:x",
+                    run_id=run_id,
+                    tool=TOOL,
+                    arguments_json=b"{}",
+                    idempotency_key="probe-down",
+                    target="card:x",
                     estimate={"usd_micros": ESTIMATE},
                 )
             )
@@ -329,7 +355,11 @@ def test_the_ledger_survives_postgres_stopping_immediately(cluster):
         assert server.process.poll() is None and server.process.pid == pid  # recovered by itself
         after = probe.gate.AuthorizeEffect(
             gate_pb2.AuthorizeEffectRequest(
-                run_id=run_id, tool=TOOL, arguments_json=b"{}", idempotency_key="probe-up", target="card:x",
+                run_id=run_id,
+                tool=TOOL,
+                arguments_json=b"{}",
+                idempotency_key="probe-up",
+                target="card:x",
                 estimate={"usd_micros": ESTIMATE},
             )
         )
@@ -387,7 +417,10 @@ def test_the_ledger_survives_postgres_stopping_immediately(cluster):
         assert denied > 0, "the tight run's budget never filled up"
         verified = subprocess.run(
             [sys.executable, "-m", "effect_ledger", "verify", "--database-url", url],
-            capture_output=True, text=True, timeout=120, check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
         )
         assert verified.returncode == 0, verified.stdout + verified.stderr
         agent.close()

@@ -157,13 +157,9 @@ def test_only_admins_manage_and_no_admin_disables_itself(callers):
 
 def test_a_rotated_token_replaces_the_old_one_at_once(callers):
     admin, agent = callers("admin"), callers("agent")
-    rotated = agent.call(
-        agent.principals.RotateToken, principals_pb2.RotateTokenRequest(principal_id="agent")
-    )
+    rotated = agent.call(agent.principals.RotateToken, principals_pb2.RotateTokenRequest(principal_id="agent"))
     assert rotated.token.startswith("elt_") and rotated.token != agent.token
-    assert rotated.principal.HasField("token_issued_at") and not rotated.principal.HasField(
-        "token_expires_at"
-    )
+    assert rotated.principal.HasField("token_issued_at") and not rotated.principal.HasField("token_expires_at")
     assert refused(agent.create_run).code() == grpc.StatusCode.UNAUTHENTICATED
     renewed = callers("agent", token=rotated.token)
     assert renewed.create_run()
@@ -195,9 +191,7 @@ def test_an_expired_token_is_refused_on_every_path(callers, backend):
         admin.principals.SetTokenExpiry,
         principals_pb2.SetTokenExpiryRequest(principal_id="agent", expires_at=at(soon)),
     )
-    assert expiring.token_expires_at.ToDatetime(tzinfo=UTC) == soon.replace(
-        microsecond=soon.microsecond
-    )
+    assert expiring.token_expires_at.ToDatetime(tzinfo=UTC) == soon.replace(microsecond=soon.microsecond)
     assert agent.create_run()  # not yet
     time.sleep(max(0.0, (soon - datetime.now(UTC)).total_seconds()) + 0.3)
     for attempt in (
@@ -212,9 +206,7 @@ def test_an_expired_token_is_refused_on_every_path(callers, backend):
                 target="t",
             ),
         ),
-        lambda: agent.call(
-            agent.gate.RecordDispatch, gate_pb2.RecordDispatchRequest(attempt_id=allowed.attempt_id)
-        ),
+        lambda: agent.call(agent.gate.RecordDispatch, gate_pb2.RecordDispatchRequest(attempt_id=allowed.attempt_id)),
     ):
         error = refused(attempt)
         assert error.code() == grpc.StatusCode.UNAUTHENTICATED, error.details()
@@ -222,9 +214,7 @@ def test_an_expired_token_is_refused_on_every_path(callers, backend):
         admin.principals.SetTokenExpiry,
         principals_pb2.SetTokenExpiryRequest(principal_id="agent", never=True),
     )
-    agent.call(
-        agent.gate.RecordDispatch, gate_pb2.RecordDispatchRequest(attempt_id=allowed.attempt_id)
-    )
+    agent.call(agent.gate.RecordDispatch, gate_pb2.RecordDispatchRequest(attempt_id=allowed.attempt_id))
 
 
 @pytest.mark.postgres
@@ -245,9 +235,7 @@ def test_a_disabled_token_is_refused_by_every_server_process():
             on_second.close()
 
 
-def test_a_token_bound_to_a_certificate_is_refused_without_it_on_every_path(
-    callers, tenant, database_url
-):
+def test_a_token_bound_to_a_certificate_is_refused_without_it_on_every_path(callers, tenant, database_url):
     """Bound (`effect-ledger principal bind`), the agent's token is refused over plaintext by the
     general path and, on PostgreSQL, by the gate's fast paths. (With the certificate, over mTLS:
     tests/e2e/test_tls.py.)"""
@@ -284,10 +272,7 @@ def test_a_token_bound_to_a_certificate_is_refused_without_it_on_every_path(
         timeout=60,
     )
     listed = admin.call(admin.principals.ListPrincipals, principals_pb2.ListPrincipalsRequest())
-    assert (
-        next(p for p in listed.principals if p.principal_id == "agent").client_subject
-        == "CN=agent-7,O=Example"
-    )
+    assert next(p for p in listed.principals if p.principal_id == "agent").client_subject == "CN=agent-7,O=Example"
     for attempt in (
         agent.create_run,
         lambda: agent.call(
@@ -300,9 +285,7 @@ def test_a_token_bound_to_a_certificate_is_refused_without_it_on_every_path(
                 target="t",
             ),
         ),
-        lambda: agent.call(
-            agent.gate.RecordDispatch, gate_pb2.RecordDispatchRequest(attempt_id=allowed.attempt_id)
-        ),
+        lambda: agent.call(agent.gate.RecordDispatch, gate_pb2.RecordDispatchRequest(attempt_id=allowed.attempt_id)),
     ):
         error = refused(attempt)
         assert error.code() == grpc.StatusCode.UNAUTHENTICATED

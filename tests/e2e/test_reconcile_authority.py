@@ -32,12 +32,23 @@ QUERY = "payment.query"
 @pytest.fixture
 def tools(admin):
     admin.tools.PutToolContract(
-        contract(MANUAL, effect_class=common_pb2.COMPENSATABLE, provider_idempotency=False,
-                 allowed_recovery=(common_pb2.MANUAL_ONLY,), max_attempts=3)
+        contract(
+            MANUAL,
+            effect_class=common_pb2.COMPENSATABLE,
+            provider_idempotency=False,
+            allowed_recovery=(common_pb2.MANUAL_ONLY,),
+            max_attempts=3,
+        )
     )
     admin.tools.PutToolContract(
-        contract(QUERY, effect_class=common_pb2.COMPENSATABLE, provider_idempotency=False, queryable=True,
-                 allowed_recovery=(common_pb2.QUERY_THEN_RETRY,), max_attempts=3)
+        contract(
+            QUERY,
+            effect_class=common_pb2.COMPENSATABLE,
+            provider_idempotency=False,
+            queryable=True,
+            allowed_recovery=(common_pb2.QUERY_THEN_RETRY,),
+            max_attempts=3,
+        )
     )
 
 

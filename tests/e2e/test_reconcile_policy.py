@@ -59,8 +59,13 @@ def _uncertain(tenant, server, key: str):
     """An effect its agent sent and lost track of (UNKNOWN, by its own report), on a MANUAL_ONLY tool."""
     admin, agent = tenant.client(server, "admin"), tenant.client(server, "agent")
     admin.tools.PutToolContract(
-        contract(MANUAL, effect_class=common_pb2.COMPENSATABLE, provider_idempotency=False,
-                 allowed_recovery=(common_pb2.MANUAL_ONLY,), max_attempts=3)
+        contract(
+            MANUAL,
+            effect_class=common_pb2.COMPENSATABLE,
+            provider_idempotency=False,
+            allowed_recovery=(common_pb2.MANUAL_ONLY,),
+            max_attempts=3,
+        )
     )
     run_id = new_run(agent)
     allowed = agent.gate.AuthorizeEffect(authorize_request(run_id, key, tool=MANUAL, target="bank:1"))

@@ -226,7 +226,9 @@ def test_a_call_without_a_deadline_gets_the_default_one_and_writes_nothing(pg_ur
             standin.set_mode("slow")
             started = time.monotonic()
             with pytest.raises(grpc.RpcError) as caught:
-                gate_pb2_grpc.GateStub(channel).AuthorizeEffect(authorize_request(run.run_id, "no-deadline"), metadata=agent)
+                gate_pb2_grpc.GateStub(channel).AuthorizeEffect(
+                    authorize_request(run.run_id, "no-deadline"), metadata=agent
+                )
             elapsed = time.monotonic() - started
             assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             assert elapsed < 2.0, "answered by the server's default deadline, not the policy's timeout"
@@ -247,13 +249,19 @@ def test_reconciliation_is_decided_by_the_remote_policy_and_fails_closed(opa_ser
     admin, agent = tenant.client(opa_server, "admin"), tenant.client(opa_server, "agent")
     operator = tenant.client(opa_server, "operator")
     admin.tools.PutToolContract(
-        contract("payment.manual", effect_class=common_pb2.COMPENSATABLE, provider_idempotency=False,
-                 allowed_recovery=(common_pb2.MANUAL_ONLY,))
+        contract(
+            "payment.manual",
+            effect_class=common_pb2.COMPENSATABLE,
+            provider_idempotency=False,
+            allowed_recovery=(common_pb2.MANUAL_ONLY,),
+        )
     )
     run_id = new_run(agent)
     effects = []
     for key in ("k-down", "k-up"):
-        allowed = agent.gate.AuthorizeEffect(authorize_request(run_id, key, tool="payment.manual", target=f"bank:{key}"))
+        allowed = agent.gate.AuthorizeEffect(
+            authorize_request(run_id, key, tool="payment.manual", target=f"bank:{key}")
+        )
         agent.gate.RecordDispatch(gate_pb2.RecordDispatchRequest(attempt_id=allowed.attempt_id))
         agent.gate.RecordOutcome(unknown(allowed.attempt_id))
         effects.append(allowed.effect_id)

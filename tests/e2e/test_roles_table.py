@@ -88,8 +88,11 @@ def _call(rpc: str, client, agent, run_id: str) -> None:
     elif rpc == "DecideApproval":
         approval = agent.approvals.RequestApproval(
             approvals_pb2.RequestApprovalRequest(
-                run_id=run_id, tool="payment.wire", arguments_json=b'{"n":%d}' % next(_keys),
-                target="bank:1", reason="roles table",
+                run_id=run_id,
+                tool="payment.wire",
+                arguments_json=b'{"n":%d}' % next(_keys),
+                target="bank:1",
+                reason="roles table",
             )
         )
         client.approvals.DecideApproval(

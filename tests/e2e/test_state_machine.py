@@ -276,7 +276,9 @@ class Model:
             policy, policy_reasons = "ALLOW", set()
         # Policy only narrows: the ledger's own answers stand.
         if not verdict.creates_attempt:
-            outcome = {"DUPLICATE": "DUPLICATE", "RECONCILE_REQUIRED": "RECONCILE_REQUIRED", "RETRY_LIMIT": "DENY"}[verdict.kind]
+            outcome = {"DUPLICATE": "DUPLICATE", "RECONCILE_REQUIRED": "RECONCILE_REQUIRED", "RETRY_LIMIT": "DENY"}[
+                verdict.kind
+            ]
             extra = policy_reasons if policy != "ALLOW" else set()
             return verdict, Expected(outcome, set(verdict.reasons) | extra)
         if policy == "ALLOW":
@@ -405,8 +407,12 @@ class LedgerMachine(RuleBasedStateMachine):
         estimate = merged_estimate(intent.tool, requested)
         verdict, expected = self.model.expect_authorize(key, estimate, self.posted)
         request = gate_pb2.AuthorizeEffectRequest(
-            run_id=self.run_id, tool=intent.tool.name, arguments_json=intent.arguments,
-            idempotency_key=key, target=intent.target, estimate=estimate_map(requested),
+            run_id=self.run_id,
+            tool=intent.tool.name,
+            arguments_json=intent.arguments,
+            idempotency_key=key,
+            target=intent.target,
+            estimate=estimate_map(requested),
         )
         response, error = call(self.agent.gate.AuthorizeEffect, request)
         assert error is None, f"AuthorizeEffect({key}) failed: {error}"
@@ -452,8 +458,14 @@ class LedgerMachine(RuleBasedStateMachine):
         assert len(response.reservation_ids) == (2 if estimate > 0 else 0)
         effect.attempts.append(
             MAttempt(
-                response.attempt_id, number, "AUTHORIZED", provider_key, verdict.reuse, estimate,
-                "PENDING" if estimate > 0 else "NONE", approval_id=expected.approval_id,
+                response.attempt_id,
+                number,
+                "AUTHORIZED",
+                provider_key,
+                verdict.reuse,
+                estimate,
+                "PENDING" if estimate > 0 else "NONE",
+                approval_id=expected.approval_id,
             )
         )
         if expected.approval_id:  # single use
@@ -506,7 +518,9 @@ class LedgerMachine(RuleBasedStateMachine):
         effect = self.model.effect_of(attempt)
         return effect, next(a for a in effect.attempts if a.attempt_id == attempt)
 
-    def _report(self, effect: MEffect, attempt: MAttempt, method, request, kind, evidence="", reference=None, usage=None):
+    def _report(
+        self, effect: MEffect, attempt: MAttempt, method, request, kind, evidence="", reference=None, usage=None
+    ):
         what, value = attempt_report(attempt, kind, evidence, reference)
         response, error = call(method, request)
         if what == "refused":
@@ -557,7 +571,9 @@ class LedgerMachine(RuleBasedStateMachine):
         request = gate_pb2.RecordDispatchRequest(attempt_id=attempt.attempt_id)
         self._report(effect, attempt, self.agent.gate.RecordDispatch, request, "DISPATCHED")
 
-    def _record_outcome(self, effect: MEffect, attempt: MAttempt, report: str, reference: str, usage: int | None) -> None:
+    def _record_outcome(
+        self, effect: MEffect, attempt: MAttempt, report: str, reference: str, usage: int | None
+    ) -> None:
         if report == "succeeded":
             request = gate_pb2.RecordOutcomeRequest(
                 attempt_id=attempt.attempt_id,
@@ -565,7 +581,9 @@ class LedgerMachine(RuleBasedStateMachine):
                     receipt=receipt(reference), usage={} if usage is None else {DIMENSION: usage}
                 ),
             )
-            self._report(effect, attempt, self.agent.gate.RecordOutcome, request, "SUCCEEDED", reference=reference, usage=usage)
+            self._report(
+                effect, attempt, self.agent.gate.RecordOutcome, request, "SUCCEEDED", reference=reference, usage=usage
+            )
         elif report == "unknown":
             request = gate_pb2.RecordOutcomeRequest(
                 attempt_id=attempt.attempt_id, unknown=gate_pb2.RecordOutcomeRequest.Unknown(reason="timeout")
@@ -639,7 +657,9 @@ class LedgerMachine(RuleBasedStateMachine):
             request = gate_pb2.ReconcileEffectRequest(
                 effect_id=effect.effect_id,
                 not_happened=gate_pb2.ReconcileEffectRequest.NotHappened(
-                    reason="the provider has no record", lookup_reference="lookup-1", lookup_result_json=b'{"found":false}'
+                    reason="the provider has no record",
+                    lookup_reference="lookup-1",
+                    lookup_result_json=b'{"found":false}',
                 ),
             )
         open_attempts = [a for a in effect.attempts if a.stage in OPEN]
@@ -723,7 +743,9 @@ class LedgerMachine(RuleBasedStateMachine):
         attempt = effect.attempts[-1]
         dispatched = False
         if dispatch:
-            answer, error = call(self.agent.gate.RecordDispatch, gate_pb2.RecordDispatchRequest(attempt_id=attempt.attempt_id))
+            answer, error = call(
+                self.agent.gate.RecordDispatch, gate_pb2.RecordDispatchRequest(attempt_id=attempt.attempt_id)
+            )
             # A stalled machine may let the lease run out first: the answer says which happened.
             dispatched = error is None
             if dispatched:
@@ -782,11 +804,17 @@ class LedgerMachine(RuleBasedStateMachine):
             e.effect_id for e in self.model.effects.values() if e.stage in OPEN
         }
         pending = {a.attempt_id: a.reserved for a in self.model.attempts() if a.reservation == "PENDING"}
-        for scope, scope_id, limit in ((budgets_pb2.TENANT, "", TENANT_LIMIT), (budgets_pb2.RUN, self.run_id, RUN_LIMIT)):
+        for scope, scope_id, limit in (
+            (budgets_pb2.TENANT, "", TENANT_LIMIT),
+            (budgets_pb2.RUN, self.run_id, RUN_LIMIT),
+        ):
             answer = self.agent.budgets.GetBudget(budgets_pb2.GetBudgetRequest(scope=scope, scope_id=scope_id))
             (budget,) = answer.budgets
             assert (budget.limit, budget.posted, budget.pending) == (limit, self.posted, self.model.pending), (
-                budgets_pb2.BudgetScope.Name(scope), budget, self.posted, self.model.pending,
+                budgets_pb2.BudgetScope.Name(scope),
+                budget,
+                self.posted,
+                self.model.pending,
             )
             assert budget.available == max(limit - self.posted - self.model.pending, 0)
             assert {r.attempt_id: r.amount for r in answer.open_reservations} == pending
@@ -834,8 +862,12 @@ def test_a_reconciled_receipt_pays_once_for_attempts_sharing_a_provider_key(ledg
         run_id = agent.runs.CreateRun(runs_pb2.CreateRunRequest()).run_id
         intent = INTENTS["charge-1"]
         request = gate_pb2.AuthorizeEffectRequest(
-            run_id=run_id, tool=CHARGE.name, arguments_json=intent.arguments, idempotency_key="charge-1",
-            target=intent.target, estimate={DIMENSION: 25},
+            run_id=run_id,
+            tool=CHARGE.name,
+            arguments_json=intent.arguments,
+            idempotency_key="charge-1",
+            target=intent.target,
+            estimate={DIMENSION: 25},
         )
         first = agent.gate.AuthorizeEffect(request)
         agent.gate.RecordOutcome(

@@ -36,9 +36,7 @@ def allow_connections(name: str, allowed: bool) -> None:
     with psycopg.connect(PG_ADMIN_URL, autocommit=True) as connection:
         connection.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {"true" if allowed else "false"}')
         if not allowed:
-            connection.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,)
-            )
+            connection.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
 
 
 def health_or_none(server: ServerProcess):
@@ -114,7 +112,9 @@ def test_authorize_fails_closed_while_the_database_refuses_then_recovers(lonely_
                 assert count == 0, table
         again = agent.gate.AuthorizeEffect(authorize_request(run_id, refused_keys[0]))
         assert outcome_name(again) == "ALLOW" and again.attempt_number == 1
-        open_ids = {e.effect_id for e in agent.gate.ListOpenEffects(gate_pb2.ListOpenEffectsRequest(run_id=run_id)).effects}
+        open_ids = {
+            e.effect_id for e in agent.gate.ListOpenEffects(gate_pb2.ListOpenEffectsRequest(run_id=run_id)).effects
+        }
         assert open_ids == {before.effect_id, after.effect_id, again.effect_id}
     finally:
         server.stop()

@@ -59,7 +59,9 @@ def ledger(server, tenant, agent, admin, database_url):
 def test_list_effects_pages_are_complete_stable_and_of_one_tenant(agent, ledger):
     mine = {r.effect_id for r in ledger["a"] + ledger["b"]}
     for page_size in (1, 2, 3, 500):
-        found = [e.effect_id for e in _all_pages(agent.gate.ListEffects, gate_pb2.ListEffectsRequest, "effects", page_size)]
+        found = [
+            e.effect_id for e in _all_pages(agent.gate.ListEffects, gate_pb2.ListEffectsRequest, "effects", page_size)
+        ]
         assert len(found) == len(set(found)), "no effect twice"
         assert set(found) == mine, "every effect of the tenant, none of another"
         assert found == sorted(found), "effect_id order"
@@ -102,7 +104,10 @@ def test_list_runs_pages_filters_and_tenant(agent, ledger):
     assert ids(label_key="colour") == set()
     assert ids(created_before=PAST) == set()
     reds = _all_pages(
-        agent.runs.ListRuns, lambda **page: runs_pb2.ListRunsRequest(label_key="team", label_value="red", **page), "runs", 1
+        agent.runs.ListRuns,
+        lambda **page: runs_pb2.ListRunsRequest(label_key="team", label_value="red", **page),
+        "runs",
+        1,
     )
     assert [r.run_id for r in reds] == [labelled[0], labelled[2]]
 
@@ -144,17 +149,29 @@ def test_list_budgets_pages_filters_and_tenant(agent, admin, tenant, ledger, ser
     run_b_usd = put(budgets_pb2.RUN, run_b, "usd_micros", 1_000_000)
     tree_b = put(budgets_pb2.RUN_TREE, run_b, "tool_calls", 10)
     # Exhaust run A's: a fact posts even past the limit.
-    agent.budgets.RecordUsage(budgets_pb2.RecordUsageRequest(
-        run_id=run_a, provider="p", model="m", segment="s", usage={"usd_micros": 7}, request_id="u-1",
-    ))
+    agent.budgets.RecordUsage(
+        budgets_pb2.RecordUsageRequest(
+            run_id=run_a,
+            provider="p",
+            model="m",
+            segment="s",
+            usage={"usd_micros": 7},
+            request_id="u-1",
+        )
+    )
     other = new_tenant(database_url)
     other_admin = other.client(server, "admin")
-    other_admin.budgets.PutBudget(budgets_pb2.PutBudgetRequest(scope=budgets_pb2.TENANT, dimension="tool_calls", limit=1))
+    other_admin.budgets.PutBudget(
+        budgets_pb2.PutBudgetRequest(scope=budgets_pb2.TENANT, dimension="tool_calls", limit=1)
+    )
     other_admin.close()
 
     mine = {tenant_calls, run_a_usd, run_b_usd, tree_b}
     for page_size in (1, 3, 500):
-        found = [b.budget_id for b in _all_pages(auditor.budgets.ListBudgets, budgets_pb2.ListBudgetsRequest, "budgets", page_size)]
+        found = [
+            b.budget_id
+            for b in _all_pages(auditor.budgets.ListBudgets, budgets_pb2.ListBudgetsRequest, "budgets", page_size)
+        ]
         assert len(found) == len(set(found)) and found == sorted(found)
         assert set(found) == mine, "every budget of the tenant, none of another"
     auditor.close()
@@ -188,8 +205,18 @@ def test_list_budgets_pages_filters_and_tenant(agent, admin, tenant, ledger, ser
         ("ListEffects", gate_pb2.ListEffectsRequest(run_id="no spaces"), "INVALID_ID", "run_id"),
         ("ListEffects", gate_pb2.ListEffectsRequest(tool="bad tool"), "INVALID_TOOL_NAME", "tool"),
         ("ListEffects", gate_pb2.ListEffectsRequest(target="x" * 2000), None, "target"),
-        ("ListEffects", gate_pb2.ListEffectsRequest(created_after=Timestamp(seconds=-10**12)), "INVALID_TIMESTAMP", "created_after"),
-        ("ListEffects", gate_pb2.ListEffectsRequest(created_after=FUTURE, created_before=PAST), "INVALID_RANGE", "created_before"),
+        (
+            "ListEffects",
+            gate_pb2.ListEffectsRequest(created_after=Timestamp(seconds=-(10**12))),
+            "INVALID_TIMESTAMP",
+            "created_after",
+        ),
+        (
+            "ListEffects",
+            gate_pb2.ListEffectsRequest(created_after=FUTURE, created_before=PAST),
+            "INVALID_RANGE",
+            "created_before",
+        ),
         ("ListEffects", gate_pb2.ListEffectsRequest(page_size=501), "INVALID_PAGE_SIZE", "page_size"),
         ("ListEffects", gate_pb2.ListEffectsRequest(page_token="AA=="), "INVALID_PAGE_TOKEN", "page_token"),
         ("ListDecisions", gate_pb2.ListDecisionsRequest(outcome=99), "INVALID_ENUM", "outcome"),
@@ -197,7 +224,12 @@ def test_list_budgets_pages_filters_and_tenant(agent, admin, tenant, ledger, ser
         ("ListDecisions", gate_pb2.ListDecisionsRequest(run_id="\x00"), "INVALID_ID", "run_id"),
         ("ListRuns", runs_pb2.ListRunsRequest(label_value="red"), "FIELD_REQUIRED", "label_value"),
         ("ListRuns", runs_pb2.ListRunsRequest(label_key="k" * 64), None, "label_key"),
-        ("ListRuns", runs_pb2.ListRunsRequest(created_before=Timestamp(seconds=10**13)), "INVALID_TIMESTAMP", "created_before"),
+        (
+            "ListRuns",
+            runs_pb2.ListRunsRequest(created_before=Timestamp(seconds=10**13)),
+            "INVALID_TIMESTAMP",
+            "created_before",
+        ),
     ],
 )
 def test_bad_filters_are_invalid_argument_with_a_field_violation(agent, rpc, request_, reason, field):

@@ -85,9 +85,7 @@ def _certificate(subject, public_key, issuer, issuer_key, *, ca=False, names=(),
 def _write(folder: Path, name: str, certificate: x509.Certificate, key) -> None:
     (folder / f"{name}.pem").write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
     (folder / f"{name}-key.pem").write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     )
 
 
@@ -105,27 +103,40 @@ def make_pki(folder: Path) -> Pki:
     server_key = _key()
     server_names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
     server = _certificate(
-        _name((NameOID.COMMON_NAME, "localhost")), server_key.public_key(), ca_name, ca_key,
-        names=server_names, usage=ExtendedKeyUsageOID.SERVER_AUTH,
+        _name((NameOID.COMMON_NAME, "localhost")),
+        server_key.public_key(),
+        ca_name,
+        ca_key,
+        names=server_names,
+        usage=ExtendedKeyUsageOID.SERVER_AUTH,
     )
     _write(folder, "server", server, server_key)
     client_key = _key()
     client = _certificate(
         _name((NameOID.ORGANIZATION_NAME, "Example, Inc"), (NameOID.COMMON_NAME, CLIENT_COMMON_NAME)),
-        client_key.public_key(), ca_name, ca_key, usage=ExtendedKeyUsageOID.CLIENT_AUTH,
+        client_key.public_key(),
+        ca_name,
+        ca_key,
+        usage=ExtendedKeyUsageOID.CLIENT_AUTH,
     )
     _write(folder, "client", client, client_key)
     pki.client_subject = client.subject.rfc4514_string()
     sibling_key = _key()
     sibling = _certificate(
-        _name((NameOID.COMMON_NAME, "agent-8")), sibling_key.public_key(), ca_name, ca_key,
+        _name((NameOID.COMMON_NAME, "agent-8")),
+        sibling_key.public_key(),
+        ca_name,
+        ca_key,
         usage=ExtendedKeyUsageOID.CLIENT_AUTH,
     )
     _write(folder, "sibling", sibling, sibling_key)
     other_name, other_key = authorities["other-ca"]
     rogue_key = _key()
     rogue = _certificate(
-        _name((NameOID.COMMON_NAME, CLIENT_COMMON_NAME)), rogue_key.public_key(), other_name, other_key,
+        _name((NameOID.COMMON_NAME, CLIENT_COMMON_NAME)),
+        rogue_key.public_key(),
+        other_name,
+        other_key,
         usage=ExtendedKeyUsageOID.CLIENT_AUTH,
     )
     _write(folder, "rogue", rogue, rogue_key)
@@ -256,7 +267,9 @@ def test_a_client_that_does_not_trust_the_servers_ca_is_refused(pki, tls_server)
 
 def test_the_client_refuses_half_of_a_client_certificate(pki):
     with pytest.raises(ValueError, match="come together"):
-        LedgerClient("127.0.0.1:1", "token", root_certificates=pki.read("ca.pem"), client_certificate=pki.read("client.pem"))
+        LedgerClient(
+            "127.0.0.1:1", "token", root_certificates=pki.read("ca.pem"), client_certificate=pki.read("client.pem")
+        )
 
 
 # --- mTLS ----------------------------------------------------------------------------------------
@@ -274,8 +287,11 @@ def test_mtls_answers_a_client_certificate_from_its_ca(pki, mtls_server, sqlite_
     assert health_status(mtls_server.target, credentials(pki, "client")) == SERVING
     tenant = new_tenant(sqlite_url)
     agent = LedgerClient(
-        mtls_server.target, tenant.tokens["agent"], root_certificates=pki.path("ca.pem"),
-        client_certificate=pki.path("client.pem"), client_key=pki.path("client-key.pem"),
+        mtls_server.target,
+        tenant.tokens["agent"],
+        root_certificates=pki.path("ca.pem"),
+        client_certificate=pki.path("client.pem"),
+        client_key=pki.path("client-key.pem"),
     )
     with agent:
         assert agent.runs.CreateRun(runs_pb2.CreateRunRequest()).run_id
@@ -289,9 +305,23 @@ def test_a_token_bound_to_a_certificate_works_from_that_certificate_only(pki, mt
 
     def bind(*arguments: str) -> None:
         subprocess.run(
-            [sys.executable, "-m", "effect_ledger", "principal", "bind", "--database-url", sqlite_url,
-             "--tenant", tenant.name, "--id", "agent", *arguments],
-            check=True, capture_output=True, timeout=60,
+            [
+                sys.executable,
+                "-m",
+                "effect_ledger",
+                "principal",
+                "bind",
+                "--database-url",
+                sqlite_url,
+                "--tenant",
+                tenant.name,
+                "--id",
+                "agent",
+                *arguments,
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
         )
 
     def create_run(target: str, certificate: str | None) -> str:
@@ -381,7 +411,12 @@ def test_a_certificate_without_a_key_from_the_environment_is_refused(pki, sqlite
         ("server-key.pem", "server-key.pem", None, "not a PEM certificate"),
         ("server.pem", "server.pem", None, "--tls-key {folder}/server.pem: not a PEM private key"),
         ("server.pem", "client-key.pem", None, "not the key of the first certificate in --tls-cert"),
-        ("server.pem", "server-key.pem", "client-key.pem", "--tls-client-ca {folder}/client-key.pem: not a PEM certificate"),
+        (
+            "server.pem",
+            "server-key.pem",
+            "client-key.pem",
+            "--tls-client-ca {folder}/client-key.pem: not a PEM certificate",
+        ),
     ],
 )
 def test_an_unusable_tls_file_is_refused_with_its_name(pki, sqlite_url, certificate, key, client_ca, phrase):
@@ -396,7 +431,8 @@ def test_an_encrypted_key_is_refused(pki, sqlite_url, tmp_path):
     encrypted = tmp_path / "encrypted-key.pem"
     encrypted.write_bytes(
         key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
             serialization.BestAvailableEncryption(b"passphrase"),
         )
     )

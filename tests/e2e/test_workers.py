@@ -325,18 +325,22 @@ def test_a_killed_worker_is_replaced_and_its_replacement_sweeps_leases(cluster):
     with separate_channels(server, 1) as (channel,):
         short = gate_pb2_grpc.GateStub(channel).AuthorizeEffect(
             authorize_request(cluster.run_id, new_key("short"), tool=SHORT_LEASE_TOOL),
-            metadata=bearer(token), timeout=10,
+            metadata=bearer(token),
+            timeout=10,
         )
     assert short.outcome == common_pb2.ALLOW
 
     def swept() -> bool:
         with psycopg.connect(psycopg_url(cluster.url)) as connection:
-            return connection.execute(
-                "SELECT count(*) FROM run_events WHERE tenant_id = %s AND run_id = %s "
-                "AND type = 'attempt.lease_expired' AND principal_id = 'system:lease-sweeper' "
-                "AND payload LIKE %s",
-                (cluster.tenant.name, cluster.run_id, f"%{short.attempt_id}%"),
-            ).fetchone()[0] == 1
+            return (
+                connection.execute(
+                    "SELECT count(*) FROM run_events WHERE tenant_id = %s AND run_id = %s "
+                    "AND type = 'attempt.lease_expired' AND principal_id = 'system:lease-sweeper' "
+                    "AND payload LIKE %s",
+                    (cluster.tenant.name, cluster.run_id, f"%{short.attempt_id}%"),
+                ).fetchone()[0]
+                == 1
+            )
 
     wait_for(swept, 10, "the expired lease is recorded")
 
@@ -398,7 +402,8 @@ def test_a_worker_that_keeps_dying_stops_the_server_with_status_1(database):
         while server.process.poll() is None and len(killed) <= RESTARTS_MAX:
             pid = wait_for(
                 lambda: worker_pids(server.process.pid).get(0) or server.process.poll() is not None,
-                REPLACEMENT_WITHIN_SECONDS, "a worker 0 to kill",
+                REPLACEMENT_WITHIN_SECONDS,
+                "a worker 0 to kill",
             )
             if pid is True:
                 break

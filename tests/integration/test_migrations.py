@@ -69,9 +69,7 @@ def migrated(engine):
 
 def drift(engine, models: MetaData = metadata) -> list:
     with engine.connect() as connection:
-        context = MigrationContext.configure(
-            connection, opts={"compare_type": True, "compare_server_default": True}
-        )
+        context = MigrationContext.configure(connection, opts={"compare_type": True, "compare_server_default": True})
         return compare_metadata(context, models)
 
 
@@ -79,9 +77,7 @@ def check_constraint_names(engine) -> tuple[set[tuple[str, str]], set[tuple[str,
     """(in the database, in the models): (table, name) of every CHECK constraint."""
     inspector = inspect(engine)
     in_database = {
-        (table, check["name"])
-        for table in metadata.tables
-        for check in inspector.get_check_constraints(table)
+        (table, check["name"]) for table in metadata.tables for check in inspector.get_check_constraints(table)
     }
     in_models = {
         (table.name, str(constraint.name))
@@ -145,9 +141,7 @@ def test_every_primary_key_starts_with_tenant_id(migrated):
             assert "tenant_id" not in [c["name"] for c in inspector.get_columns(table)], table
         else:
             assert primary_key["constrained_columns"][0] == "tenant_id", table
-        assert primary_key["name"] == f"pk_{table}", (
-            table
-        )  # the naming convention holds on both dialects
+        assert primary_key["name"] == f"pk_{table}", table  # the naming convention holds on both dialects
 
 
 def test_upgrading_twice_is_a_no_op(migrated):
@@ -166,9 +160,7 @@ def test_upgrading_twice_is_a_no_op(migrated):
     assert drift(migrated) == []
     with migrated.connect() as connection:
         assert connection.execute(text(f"SELECT count(*) FROM {ALEMBIC_TABLE}")).scalar_one() == 1
-        assert connection.execute(text("SELECT principal_id FROM principals")).scalars().all() == [
-            "agent-1"
-        ]
+        assert connection.execute(text("SELECT principal_id FROM principals")).scalars().all() == ["agent-1"]
 
 
 def test_check_durable_commits_has_nothing_to_check_on_sqlite(tmp_path):

@@ -126,9 +126,9 @@ def _vacuum(url: str) -> list[str]:
 
 def _dead_rows(url: str, table: str) -> int:
     with psycopg.connect(_driver_url(url)) as connection:
-        return connection.execute(
-            "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = %s", (table,)
-        ).fetchone()[0]
+        return connection.execute("SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = %s", (table,)).fetchone()[
+            0
+        ]
 
 
 def test_a_hot_counter_is_vacuumed_when_autovacuum_is_off(fresh_url):

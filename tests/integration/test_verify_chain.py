@@ -50,7 +50,9 @@ def ledger(request):
 def verify(url: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "effect_ledger", "verify", "--database-url", url],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -96,6 +98,11 @@ def test_reordered_events_are_named(ledger):
 
 def test_a_truncated_tail_is_named(ledger):
     url, run_id = ledger
-    execute(url, "DELETE FROM run_events WHERE run_id = %s AND revision = (SELECT MAX(revision) FROM run_events WHERE run_id = %s)", run_id, run_id)
+    execute(
+        url,
+        "DELETE FROM run_events WHERE run_id = %s AND revision = (SELECT MAX(revision) FROM run_events WHERE run_id = %s)",
+        run_id,
+        run_id,
+    )
     result = verify(url)
     assert result.returncode == 1 and "the chain ends at" in result.stdout

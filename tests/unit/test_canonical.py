@@ -30,9 +30,7 @@ def parse(raw: bytes, **options):
 
 
 def digest_of(raw: bytes) -> str:
-    return intent_digest(
-        tool="email.send", tool_revision=3, target="mailto:bob@example.com", arguments=parse(raw)
-    )
+    return intent_digest(tool="email.send", tool_revision=3, target="mailto:bob@example.com", arguments=parse(raw))
 
 
 # --- any serialization of the same object gives the same digest -------------------------------
@@ -63,9 +61,7 @@ def render(value, rng: random.Random) -> str:
     if isinstance(value, dict):
         items = list(value.items())
         rng.shuffle(items)
-        members = [
-            f"{gap()}{render(k, rng)}{gap()}:{gap()}{render(v, rng)}{gap()}" for k, v in items
-        ]
+        members = [f"{gap()}{render(k, rng)}{gap()}:{gap()}{render(v, rng)}{gap()}" for k, v in items]
         return "{" + ",".join(members) + gap() + "}"
     if isinstance(value, list):
         return "[" + ",".join(f"{gap()}{render(v, rng)}{gap()}" for v in value) + gap() + "]"
@@ -143,17 +139,13 @@ def test_intent_digest_is_sha256_of_the_canonical_intent():
         b'"target":"mailto:bob@example.com","tool":"email.send","tool_revision":3}'
     )
     assert (
-        intent_digest(
-            tool="email.send", tool_revision=3, target="mailto:bob@example.com", arguments=arguments
-        )
+        intent_digest(tool="email.send", tool_revision=3, target="mailto:bob@example.com", arguments=arguments)
         == hashlib.sha256(canonical).hexdigest()
     )
 
 
 def test_receipt_digest_is_sha256_of_the_canonical_receipt():
-    expected = hashlib.sha256(
-        b'{"detail":{"a":1,"b":[true]},"provider_reference":"msg-1"}'
-    ).hexdigest()
+    expected = hashlib.sha256(b'{"detail":{"a":1,"b":[true]},"provider_reference":"msg-1"}').hexdigest()
     assert receipt_digest(provider_reference="msg-1", detail={"b": [True], "a": 1}) == expected
 
 
@@ -305,9 +297,7 @@ def test_payload_size_is_limited_with_the_boundary_accepted():
     with pytest.raises(InvalidArgument) as caught:
         parse(raw, size_max_bytes=len(raw) - 1)
     assert caught.value.reason == "JSON_TOO_LARGE"
-    assert caught.value.violations == [
-        FieldViolation(FIELD, f"is {len(raw)} bytes; at most {len(raw) - 1} allowed")
-    ]
+    assert caught.value.violations == [FieldViolation(FIELD, f"is {len(raw)} bytes; at most {len(raw) - 1} allowed")]
 
 
 def test_the_size_limit_is_checked_before_parsing():
@@ -345,16 +335,12 @@ def test_large_service_integers_are_written_exactly_in_canonical_order():
 # --- the standard library's encoder, where it agrees with RFC 8785 ----------------------------
 
 control_heavy_text = st.text(
-    alphabet=st.characters(exclude_categories=("Cs",)) | st.sampled_from(['"', "\\", "\u2028", "\x7f"])
+    alphabet=st.characters(exclude_categories=("Cs",))
+    | st.sampled_from(['"', "\\", "\u2028", "\x7f"])
     | st.characters(max_codepoint=0x1F),
     max_size=12,
 )
-no_float_scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(min_value=-(2**70), max_value=2**70)
-    | control_heavy_text
-)
+no_float_scalars = st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70) | control_heavy_text
 ascii_keys = st.text(alphabet=st.characters(max_codepoint=0x7F), max_size=8)
 no_float_values = st.recursive(
     no_float_scalars,

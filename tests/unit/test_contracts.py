@@ -202,15 +202,11 @@ SCHEMA = {
 
 
 def test_valid_arguments_have_no_violations():
-    assert (
-        argument_violations(SCHEMA, {"to": "bob@example.com", "subject": "hi", "cc": ["a"]}) == []
-    )
+    assert argument_violations(SCHEMA, {"to": "bob@example.com", "subject": "hi", "cc": ["a"]}) == []
 
 
 def test_violations_name_the_path_inside_the_arguments():
-    found = argument_violations(
-        SCHEMA, {"to": 5, "subject": "x" * 11, "cc": ["a", 7], "meta": {"priority": "urgent"}}
-    )
+    found = argument_violations(SCHEMA, {"to": 5, "subject": "x" * 11, "cc": ["a", 7], "meta": {"priority": "urgent"}})
     by_field = {v.field: v.description for v in found}
     # Sorted by path: ["cc", "1"] < ["meta", "priority"] < ["subject"] < ["to"].
     assert [v.field for v in found] == [

@@ -38,9 +38,7 @@ def all_subclasses(cls: type) -> list[type]:
 
 
 # Classes the service defines (the test suites may define their own; those are not its errors).
-SUBCLASSES = [
-    c for c in all_subclasses(errors.LedgerError) if c.__module__.startswith("effect_ledger.")
-]
+SUBCLASSES = [c for c in all_subclasses(errors.LedgerError) if c.__module__.startswith("effect_ledger.")]
 
 
 def make(error_class: type[errors.LedgerError]) -> errors.LedgerError:
@@ -50,9 +48,7 @@ def make(error_class: type[errors.LedgerError]) -> errors.LedgerError:
 
 
 def decode(status: grpc.Status) -> status_pb2.Status:
-    (details,) = [
-        value for key, value in status.trailing_metadata if key == "grpc-status-details-bin"
-    ]
+    (details,) = [value for key, value in status.trailing_metadata if key == "grpc-status-details-bin"]
     return status_pb2.Status.FromString(details)
 
 
@@ -97,9 +93,7 @@ def test_the_base_class_is_not_in_the_table():
 
 
 def test_invalid_argument_carries_field_violations():
-    error = errors.InvalidArgument.field(
-        "arguments_json", "must be a JSON object", reason="JSON_NOT_OBJECT"
-    )
+    error = errors.InvalidArgument.field("arguments_json", "must be a JSON object", reason="JSON_NOT_OBJECT")
     details = unpack(decode(to_status(error)))
     assert details["ErrorInfo"].reason == "JSON_NOT_OBJECT"
     assert [(v.field, v.description) for v in details["BadRequest"].field_violations] == [
@@ -111,9 +105,7 @@ def test_failed_precondition_carries_its_violations():
     error = errors.FailedPrecondition(
         "reconcile first",
         reason="RECONCILE_REQUIRED",
-        violations=[
-            errors.PreconditionViolation("EFFECT_STAGE", "effects/eff_1", "the outcome is UNKNOWN")
-        ],
+        violations=[errors.PreconditionViolation("EFFECT_STAGE", "effects/eff_1", "the outcome is UNKNOWN")],
     )
     (violation,) = unpack(decode(to_status(error)))["PreconditionFailure"].violations
     assert (violation.type, violation.subject, violation.description) == (

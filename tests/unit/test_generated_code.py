@@ -30,18 +30,9 @@ def tree(root: Path) -> dict[str, bytes]:
 def differences(committed: Path, generated: Path) -> list[str]:
     """What differs between two generated trees: files missing, extra, or with other bytes."""
     expected, actual = tree(generated), tree(committed)
-    found = [
-        f"missing from the committed tree: {name}"
-        for name in sorted(expected.keys() - actual.keys())
-    ]
-    found += [
-        f"not generated from protos/: {name}" for name in sorted(actual.keys() - expected.keys())
-    ]
-    found += [
-        f"stale: {name}"
-        for name in sorted(expected.keys() & actual.keys())
-        if expected[name] != actual[name]
-    ]
+    found = [f"missing from the committed tree: {name}" for name in sorted(expected.keys() - actual.keys())]
+    found += [f"not generated from protos/: {name}" for name in sorted(actual.keys() - expected.keys())]
+    found += [f"stale: {name}" for name in sorted(expected.keys() & actual.keys()) if expected[name] != actual[name]]
     return found
 
 

@@ -169,12 +169,8 @@ async def test_a_malformed_field_is_reported_only_to_a_known_caller(served):
 async def test_unexpected_errors_leak_no_text_in_unary_calls_and_streams(served):
     _probe, _guard, channel = served
     with pytest.raises(grpc.aio.AioRpcError) as unary:
-        await channel.unary_unary("/test.Guarded/Unary")(
-            b"crash", metadata=token("tok-a"), timeout=5
-        )
-    stream = channel.unary_stream("/test.Guarded/Stream")(
-        b"crash", metadata=token("tok-a"), timeout=5
-    )
+        await channel.unary_unary("/test.Guarded/Unary")(b"crash", metadata=token("tok-a"), timeout=5)
+    stream = channel.unary_stream("/test.Guarded/Stream")(b"crash", metadata=token("tok-a"), timeout=5)
     assert await stream.read() == b"first"
     with pytest.raises(grpc.aio.AioRpcError) as streamed:
         await stream.read()
@@ -197,9 +193,7 @@ async def test_an_upload_is_not_read_before_its_caller_is_authenticated(served):
     for metadata in ((), token("forged")):
         sent = 0
         with pytest.raises(grpc.aio.AioRpcError) as error:
-            await channel.stream_unary("/test.Guarded/Upload")(
-                chunks(), metadata=metadata, timeout=10
-            )
+            await channel.stream_unary("/test.Guarded/Upload")(chunks(), metadata=metadata, timeout=10)
         # The refusal, or (when the client was still sending as the server closed the call)
         # grpc.aio's own report of that failed send, made by the client library itself.
         client_side = (error.value.code(), error.value.details()) == (
@@ -209,9 +203,7 @@ async def test_an_upload_is_not_read_before_its_caller_is_authenticated(served):
         assert error.value.code() == grpc.StatusCode.UNAUTHENTICATED or client_side, error.value
         assert probe.chunks_read == 0 and probe.handled == 0
         assert sent < 30, "the client was let to send the whole upload"
-    stored = await channel.stream_unary("/test.Guarded/Upload")(
-        chunks(), metadata=token("tok-a"), timeout=10
-    )
+    stored = await channel.stream_unary("/test.Guarded/Upload")(chunks(), metadata=token("tok-a"), timeout=10)
     assert stored == b"stored" and probe.chunks_read == 30
 
 
@@ -226,9 +218,7 @@ async def test_streams_per_principal_are_capped_and_given_back(served):
         await extra.read()
     assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     refusal = rpc_error_of(error.value)
-    assert refusal.reason == "STREAMS_EXHAUSTED" and refusal.metadata == {
-        "streams_per_principal_max": "2"
-    }
+    assert refusal.reason == "STREAMS_EXHAUSTED" and refusal.metadata == {"streams_per_principal_max": "2"}
     # Another principal is not affected; a cancelled stream gives its slot back.
     other = watch(b"idle", metadata=token("tok-b"), timeout=10)
     assert await other.read() == b"first"
@@ -240,9 +230,7 @@ async def test_streams_per_principal_are_capped_and_given_back(served):
             assert await again.read() == b"first"
             break
         except grpc.aio.AioRpcError as refused:
-            assert (
-                refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline
-            )
+            assert refused.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.monotonic() < deadline
             await asyncio.sleep(0.05)
     for call in (first[1], other, again):
         call.cancel()
@@ -258,9 +246,7 @@ async def test_streams_end_at_their_lifetime(served):
     assert await watch.code() == grpc.StatusCode.OK
     assert 0.9 <= time.monotonic() - started < 5
     # Any other stream, even with a longer deadline of its own, ends with DEADLINE_EXCEEDED.
-    other = channel.unary_stream("/test.Guarded/Stream")(
-        b"tick", metadata=token("tok-b"), timeout=30
-    )
+    other = channel.unary_stream("/test.Guarded/Stream")(b"tick", metadata=token("tok-b"), timeout=30)
     with pytest.raises(grpc.aio.AioRpcError) as error:
         async for _message in other:
             pass
@@ -281,9 +267,7 @@ async def test_a_call_without_a_deadline_gets_the_default_one(served):
 async def test_admission_is_capped_and_health_is_never_refused(served):
     probe, guard, channel = served
     call = channel.unary_unary("/test.Guarded/Unary")
-    waiting = [
-        asyncio.ensure_future(call(b"wait", metadata=token("tok-a"), timeout=10)) for _ in range(4)
-    ]
+    waiting = [asyncio.ensure_future(call(b"wait", metadata=token("tok-a"), timeout=10)) for _ in range(4)]
     while guard.in_flight < 4:
         await asyncio.sleep(0.01)
     with pytest.raises(grpc.aio.AioRpcError) as error:
@@ -292,9 +276,7 @@ async def test_admission_is_capped_and_health_is_never_refused(served):
     refusal = rpc_error_of(error.value)
     assert refusal.reason == "SERVER_BUSY"
     checker = health_pb2_grpc.HealthStub(channel)
-    answers = await asyncio.gather(
-        *(checker.Check(health_pb2.HealthCheckRequest(), timeout=5) for _ in range(10))
-    )
+    answers = await asyncio.gather(*(checker.Check(health_pb2.HealthCheckRequest(), timeout=5) for _ in range(10)))
     assert {answer.status for answer in answers} == {health_pb2.HealthCheckResponse.SERVING}
     probe.gate.set()
     assert await asyncio.gather(*waiting) == [b"ok"] * 4

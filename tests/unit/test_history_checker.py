@@ -64,8 +64,21 @@ class Script:
 
     # one-call helpers: (invoke, completion)
 
-    def authorize(self, key, outcome, *, effect="", attempt="", tool=MAIL, digest=DIGEST, answered_digest=None,
-                  receipt="", estimate=None, process="p1", result="ok"):
+    def authorize(
+        self,
+        key,
+        outcome,
+        *,
+        effect="",
+        attempt="",
+        tool=MAIL,
+        digest=DIGEST,
+        answered_digest=None,
+        receipt="",
+        estimate=None,
+        process="p1",
+        result="ok",
+    ):
         invoke = self.begin(AUTHORIZE, process, key=key, tool=tool, digest=digest, value={"estimate": estimate or {}})
         if result == "info":
             return invoke, self.info(invoke, error="UNAVAILABLE : Socket closed")
@@ -73,24 +86,53 @@ class Script:
             return invoke, self.fail(invoke, error="FAILED_PRECONDITION IDEMPOTENCY_KEY_REUSED")
         stage = "AUTHORIZED" if outcome == "ALLOW" else ("SUCCEEDED" if outcome == "DUPLICATE" else "")
         return invoke, self.ok(
-            invoke, outcome=outcome, effect_id=effect, attempt_id=attempt,
-            digest=answered_digest or digest, stage=stage, receipt=receipt,
+            invoke,
+            outcome=outcome,
+            effect_id=effect,
+            attempt_id=attempt,
+            digest=answered_digest or digest,
+            stage=stage,
+            receipt=receipt,
         )
 
     def allow(self, key, attempt, effect, **kw):
         return self.authorize(key, "ALLOW", effect=effect, attempt=attempt, **kw)
 
-    def report(self, f, attempt, stage, *, outcome=None, receipt="", key="", effect="", tool=MAIL, result="ok",
-               changed=True, process="p1", usage=None):
+    def report(
+        self,
+        f,
+        attempt,
+        stage,
+        *,
+        outcome=None,
+        receipt="",
+        key="",
+        effect="",
+        tool=MAIL,
+        result="ok",
+        changed=True,
+        process="p1",
+        usage=None,
+    ):
         outcome = outcome or {DISPATCH: "DISPATCHED", RELEASE: "RELEASED"}.get(f, stage)
-        invoke = self.begin(f, process, key=key, tool=tool, effect_id=effect, attempt_id=attempt, outcome=outcome,
-                            receipt=receipt if outcome == "SUCCEEDED" else "", value={"usage": usage or {}})
+        invoke = self.begin(
+            f,
+            process,
+            key=key,
+            tool=tool,
+            effect_id=effect,
+            attempt_id=attempt,
+            outcome=outcome,
+            receipt=receipt if outcome == "SUCCEEDED" else "",
+            value={"usage": usage or {}},
+        )
         if result == "info":
             return invoke, self.info(invoke, error="UNAVAILABLE : Socket closed")
         if result == "fail":
             return invoke, self.fail(invoke, error="FAILED_PRECONDITION RECONCILE_REQUIRED")
-        return invoke, self.ok(invoke, stage=stage, receipt=receipt if stage == "SUCCEEDED" else "",
-                               value={"changed": changed})
+        return invoke, self.ok(
+            invoke, stage=stage, receipt=receipt if stage == "SUCCEEDED" else "", value={"changed": changed}
+        )
 
     def dispatch(self, attempt, **kw):
         return self.report(DISPATCH, attempt, "DISPATCHED", **kw)
@@ -178,10 +220,18 @@ def clean_history() -> tuple[Script, dict[str, FinalEffect]]:
     read = final(
         effect("e1", "k1", "SUCCEEDED", attempt("a1", 1, "SUCCEEDED", "r1"), receipt="r1"),
         effect("e2", "k2", "FAILED", attempt("a2x", 1, "FAILED"), attempt("a2", 2, "FAILED")),
-        effect("e3", "k3", "SUCCEEDED", attempt("a3", 1, "SUCCEEDED", "r3"), attempt("a3b", 2, "SUCCEEDED", "r3"),
-               tool=CHARGE, receipt="r3"),
-        effect("e4", "k4", "SUCCEEDED", attempt("a4", 1, "RELEASED"), attempt("a4b", 2, "SUCCEEDED", "r4"),
-               receipt="r4"),
+        effect(
+            "e3",
+            "k3",
+            "SUCCEEDED",
+            attempt("a3", 1, "SUCCEEDED", "r3"),
+            attempt("a3b", 2, "SUCCEEDED", "r3"),
+            tool=CHARGE,
+            receipt="r3",
+        ),
+        effect(
+            "e4", "k4", "SUCCEEDED", attempt("a4", 1, "RELEASED"), attempt("a4b", 2, "SUCCEEDED", "r4"), receipt="r4"
+        ),
     )
     return s, read
 
@@ -355,14 +405,21 @@ def test_an_effect_that_ends_with_two_live_attempts_is_reported():
     s.authorize("k", "ALLOW", result="info", process="p2")
     second = s.allow("k", "a3", "e1", process="p3")
     read = final(
-        effect("e1", "k", "UNKNOWN", attempt("a1", 1, "UNKNOWN"), attempt("a2", 2, "FAILED"),
-               attempt("a3", 3, "SUCCEEDED", "r")),
+        effect(
+            "e1",
+            "k",
+            "UNKNOWN",
+            attempt("a1", 1, "UNKNOWN"),
+            attempt("a2", 2, "FAILED"),
+            attempt("a3", 3, "SUCCEEDED", "r"),
+        ),
     )
     v = only(check_final_attempts(read, CONTRACTS, s.h), "single_live_attempt")
     assert v.indices == indices(first, second)
     assert "a1" in v.message and "a3" in v.message and "a2" not in v.message
-    same_key = final(effect("e2", "k2", "UNKNOWN", attempt("b1", 1, "UNKNOWN"), attempt("b2", 2, "UNKNOWN"),
-                            tool=CHARGE))
+    same_key = final(
+        effect("e2", "k2", "UNKNOWN", attempt("b1", 1, "UNKNOWN"), attempt("b2", 2, "UNKNOWN"), tool=CHARGE)
+    )
     assert check_final_attempts(same_key, CONTRACTS) == []
 
 
@@ -433,8 +490,17 @@ def test_a_receipt_on_an_attempt_only_a_lost_allow_explains():
         s.reconcile("e1", True, {"a1": "SUCCEEDED", "ax": "SUCCEEDED"}, key="k", receipt="r1")
         return s.h
 
-    read = final(effect("e1", "k", "SUCCEEDED", attempt("ax", 1, "SUCCEEDED", "r1"),
-                        attempt("a1", 2, "SUCCEEDED", "r1"), tool=CHARGE, receipt="r1"))
+    read = final(
+        effect(
+            "e1",
+            "k",
+            "SUCCEEDED",
+            attempt("ax", 1, "SUCCEEDED", "r1"),
+            attempt("a1", 2, "SUCCEEDED", "r1"),
+            tool=CHARGE,
+            receipt="r1",
+        )
+    )
     v = only(check_receipts(history(lost_allow=False), read), "receipts")
     assert "ax" in v.message
     # One indeterminate AuthorizeEffect of the key could have created it.
@@ -488,8 +554,10 @@ def test_an_acknowledged_allow_missing_afterwards_is_reported():
     s = Script()
     kept = s.allow("k", "a1", "e1")
     lost = s.allow("k2", "b1", "e2")
-    read = final(effect("e1", "k", "AUTHORIZED", attempt("a1", 1, "AUTHORIZED")),
-                 effect("e2", "k2", "FAILED", attempt("b0", 1, "FAILED")))
+    read = final(
+        effect("e1", "k", "AUTHORIZED", attempt("a1", 1, "AUTHORIZED")),
+        effect("e2", "k2", "FAILED", attempt("b0", 1, "FAILED")),
+    )
     v = only(check_acknowledged_writes(s.h, read), "acknowledged_writes")
     assert v.indices == indices(lost) and "b1" in v.message
     assert not v.indices & indices(kept)
@@ -502,13 +570,17 @@ def test_an_acknowledged_outcome_contradicted_afterwards_is_reported():
     success = s.outcome("a1", "SUCCEEDED", receipt="r1")
     s.allow("k2", "b1", "e2")
     failure = s.outcome("b1", "FAILED")
-    read = final(effect("e1", "k", "FAILED", attempt("a1", 1, "FAILED")),
-                 effect("e2", "k2", "FAILED", attempt("b1", 1, "FAILED")))
+    read = final(
+        effect("e1", "k", "FAILED", attempt("a1", 1, "FAILED")),
+        effect("e2", "k2", "FAILED", attempt("b1", 1, "FAILED")),
+    )
     v = only(check_acknowledged_writes(s.h, read), "acknowledged_writes")
     assert v.indices == indices(success)
     assert not v.indices & indices(failure)
-    other_receipt = final(effect("e1", "k", "SUCCEEDED", attempt("a1", 1, "SUCCEEDED", "r2"), receipt="r2"),
-                          effect("e2", "k2", "FAILED", attempt("b1", 1, "FAILED")))
+    other_receipt = final(
+        effect("e1", "k", "SUCCEEDED", attempt("a1", 1, "SUCCEEDED", "r2"), receipt="r2"),
+        effect("e2", "k2", "FAILED", attempt("b1", 1, "FAILED")),
+    )
     v = only(check_acknowledged_writes(s.h, other_receipt), "acknowledged_writes")
     assert v.indices == indices(success) and "r2" in v.message
 
@@ -580,8 +652,11 @@ def lease_expired_refusal(s: Script, f: str, attempt: str, process: str = "p1"):
     return invoke, s.fail(
         invoke,
         error="FAILED_PRECONDITION LEASE_EXPIRED: the lease ran out",
-        value={"code": "FAILED_PRECONDITION", "reason": "LEASE_EXPIRED",
-               "metadata": {"attempt_id": attempt, "stage": "UNKNOWN"}},
+        value={
+            "code": "FAILED_PRECONDITION",
+            "reason": "LEASE_EXPIRED",
+            "metadata": {"attempt_id": attempt, "stage": "UNKNOWN"},
+        },
     )
 
 
@@ -603,8 +678,13 @@ def test_a_list_that_shows_an_attempt_authorized_after_a_report_showed_it_unknow
     s.allow("k", "a1", "e1")
     unknown = s.outcome("a1", "UNKNOWN")
     listed_invoke = s.begin(READ, "reconciler", value={"run_id": "r1"})
-    listed = (listed_invoke, s.ok(listed_invoke, value={"run_id": "r1", "effects": {"e1": "AUTHORIZED"},
-                                                        "attempts": {"a1": "AUTHORIZED", "b1": "UNKNOWN"}}))
+    listed = (
+        listed_invoke,
+        s.ok(
+            listed_invoke,
+            value={"run_id": "r1", "effects": {"e1": "AUTHORIZED"}, "attempts": {"a1": "AUTHORIZED", "b1": "UNKNOWN"}},
+        ),
+    )
     v = only(check_unknown_never_revived(s.h), "unknown_never_revived")
     assert v.indices == indices(unknown, listed)
 
@@ -621,8 +701,11 @@ def test_a_lease_expired_refusal_counts_as_shown_unknown():
     t = Script()
     t.allow("k", "a1", "e1")
     other = t.begin(DISPATCH, attempt_id="a1", outcome="DISPATCHED")
-    t.fail(other, error="FAILED_PRECONDITION ATTEMPT_RELEASED",
-           value={"code": "FAILED_PRECONDITION", "reason": "ATTEMPT_RELEASED", "metadata": {"attempt_id": "a1"}})
+    t.fail(
+        other,
+        error="FAILED_PRECONDITION ATTEMPT_RELEASED",
+        value={"code": "FAILED_PRECONDITION", "reason": "ATTEMPT_RELEASED", "metadata": {"attempt_id": "a1"}},
+    )
     t.dispatch("a1", process="p2")
     assert check_unknown_never_revived(t.h) == []
 
@@ -653,8 +736,9 @@ def test_unknown_then_settled_and_answers_concurrent_with_the_unknown_one_are_le
     s.dispatch("a2", process="p2")
     s.read("e1", "DISPATCHED", {"a1": "FAILED", "a2": "DISPATCHED"}, key="k")
     s.outcome("a2", "SUCCEEDED", receipt="r2", process="p2")
-    read = final(effect("e1", "k", "SUCCEEDED", attempt("a1", 1, "FAILED"), attempt("a2", 2, "SUCCEEDED", "r2"),
-                        receipt="r2"))
+    read = final(
+        effect("e1", "k", "SUCCEEDED", attempt("a1", 1, "FAILED"), attempt("a2", 2, "SUCCEEDED", "r2"), receipt="r2")
+    )
     assert check_unknown_never_revived(s.h, read) == []
     assert check_all(s.h, contracts=CONTRACTS, final=read) == []
 

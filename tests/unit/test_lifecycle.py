@@ -146,9 +146,7 @@ REPORTS = {
     "succeeded same receipt": Report(ReportKind.SUCCEEDED, receipt=RECEIPT),
     "succeeded other receipt": Report(ReportKind.SUCCEEDED, receipt=OTHER_RECEIPT),
     "failed not sent": Report(ReportKind.FAILED, "x", failure_evidence=FailureEvidence.NOT_SENT),
-    "failed rejected": Report(
-        ReportKind.FAILED, "x", failure_evidence=FailureEvidence.PROVIDER_REJECTED
-    ),
+    "failed rejected": Report(ReportKind.FAILED, "x", failure_evidence=FailureEvidence.PROVIDER_REJECTED),
     "unknown": Report(ReportKind.UNKNOWN, "connection reset"),
 }
 
@@ -290,9 +288,7 @@ class EffectLifecycle(RuleBasedStateMachine):
 
     @initialize(max_attempts=st.integers(1, 4), same_key=st.booleans())
     def start(self, max_attempts, same_key):
-        self.contract = make_contract(
-            max_attempts=max_attempts, recovery=SAME_KEY if same_key else ()
-        )
+        self.contract = make_contract(max_attempts=max_attempts, recovery=SAME_KEY if same_key else ())
         self.attempts: list[Attempt] = [make_attempt(Stage.AUTHORIZED)]
         self.effect = make_effect(self.attempts)
         self.now = T0
@@ -372,11 +368,7 @@ class EffectLifecycle(RuleBasedStateMachine):
 
     @invariant()
     def open_attempts_share_one_provider_key(self):
-        open_attempts = [
-            a
-            for a in self.attempts
-            if a.stage in {Stage.AUTHORIZED, Stage.DISPATCHED, Stage.UNKNOWN}
-        ]
+        open_attempts = [a for a in self.attempts if a.stage in {Stage.AUTHORIZED, Stage.DISPATCHED, Stage.UNKNOWN}]
         assert len({a.provider_key for a in open_attempts}) <= 1
         if Recovery.RETRY_SAME_KEY not in self.contract.allowed_recovery:
             assert len(open_attempts) <= 1
@@ -401,9 +393,7 @@ def test_no_effect_is_a_new_effect():
 
 @pytest.mark.parametrize("stage", list(Stage))
 def test_a_different_digest_is_key_reuse_whatever_the_stage(stage):
-    verdict = ledger_verdict(
-        make_effect([make_attempt(stage)]), make_contract(recovery=SAME_KEY), "e" * 64
-    )
+    verdict = ledger_verdict(make_effect([make_attempt(stage)]), make_contract(recovery=SAME_KEY), "e" * 64)
     assert verdict.kind == VerdictKind.KEY_REUSED
     assert [r.code for r in verdict.reasons] == ["IDEMPOTENCY_KEY_REUSED"]
     assert not verdict.kind.creates_attempt
@@ -437,9 +427,7 @@ def test_retry_same_key_stops_at_max_attempts():
         make_attempt(Stage.UNKNOWN, 1),
         make_attempt(Stage.UNKNOWN, 2, provider_key="eff_1.1"),
     ]
-    verdict = ledger_verdict(
-        make_effect(attempts), make_contract(max_attempts=2, recovery=SAME_KEY), DIGEST
-    )
+    verdict = ledger_verdict(make_effect(attempts), make_contract(max_attempts=2, recovery=SAME_KEY), DIGEST)
     assert verdict.kind == VerdictKind.RETRY_LIMIT_EXCEEDED
     assert [r.code for r in verdict.reasons] == ["RETRY_LIMIT_EXCEEDED"]
     assert not verdict.kind.creates_attempt
@@ -459,9 +447,7 @@ def test_a_fresh_key_after_same_key_retries_counts_key_generations():
         make_attempt(Stage.FAILED, 2, provider_key="eff_1.1"),
     ]
     assert provider_key_for_new_attempt("eff_1", attempts, reuse=False) == "eff_1.2"
-    assert (
-        provider_key_for_new_attempt("eff_1", attempts, reuse=True) == "eff_1.2"
-    )  # nothing open to reuse
+    assert provider_key_for_new_attempt("eff_1", attempts, reuse=True) == "eff_1.2"  # nothing open to reuse
 
 
 def test_a_failed_effect_at_max_attempts_is_refused():
@@ -482,10 +468,7 @@ def test_released_attempts_do_not_count():
     assert verdict.kind == VerdictKind.NEW_ATTEMPT
     mixed = [make_attempt(Stage.FAILED, 1), make_attempt(Stage.RELEASED, 2)]
     assert counted_attempts(mixed) == 1
-    assert (
-        ledger_verdict(make_effect(mixed), make_contract(max_attempts=2), DIGEST).kind
-        == VerdictKind.NEW_ATTEMPT
-    )
+    assert ledger_verdict(make_effect(mixed), make_contract(max_attempts=2), DIGEST).kind == VerdictKind.NEW_ATTEMPT
     assert ledger_verdict(make_effect(mixed), make_contract(max_attempts=1), DIGEST).kind == (
         VerdictKind.RETRY_LIMIT_EXCEEDED
     )
@@ -513,14 +496,8 @@ def test_effect_stage_is_the_strongest_attempt_stage(first, second):
 
 def test_effect_stage_examples():
     assert effect_stage([]) == Stage.RELEASED
-    assert (
-        effect_stage([make_attempt(Stage.FAILED, 1), make_attempt(Stage.SUCCEEDED, 2)])
-        == Stage.SUCCEEDED
-    )
-    assert (
-        effect_stage([make_attempt(Stage.FAILED, 1), make_attempt(Stage.RELEASED, 2)])
-        == Stage.FAILED
-    )
+    assert effect_stage([make_attempt(Stage.FAILED, 1), make_attempt(Stage.SUCCEEDED, 2)]) == Stage.SUCCEEDED
+    assert effect_stage([make_attempt(Stage.FAILED, 1), make_attempt(Stage.RELEASED, 2)]) == Stage.FAILED
     assert effect_stage([make_attempt(Stage.RELEASED, 1)]) == Stage.RELEASED
 
 
@@ -549,9 +526,7 @@ def test_reconcile_settles_every_open_attempt_together(evidence):
         make_attempt(Stage.AUTHORIZED, 4, provider_key="eff_1.2"),
         make_attempt(Stage.RELEASED, 5),
     ]
-    settled = reconcile(
-        make_effect(attempts), evidence, RECEIPT if evidence == Stage.SUCCEEDED else None
-    )
+    settled = reconcile(make_effect(attempts), evidence, RECEIPT if evidence == Stage.SUCCEEDED else None)
     assert settled.applied and not settled.refused_reason
     assert settled.stage == evidence
     assert settled.settled_attempts == ("att_2", "att_3", "att_4")
@@ -586,9 +561,7 @@ def test_reconcile_success_of_a_settled_failure_conflicts(stage):
     assert not settled.applied and settled.refused_reason == "CONFLICTING_OUTCOME"
 
 
-@pytest.mark.parametrize(
-    "evidence", [Stage.AUTHORIZED, Stage.DISPATCHED, Stage.UNKNOWN, Stage.RELEASED]
-)
+@pytest.mark.parametrize("evidence", [Stage.AUTHORIZED, Stage.DISPATCHED, Stage.UNKNOWN, Stage.RELEASED])
 def test_reconcile_with_evidence_other_than_success_or_failure_is_a_programming_error(evidence):
     with pytest.raises(AssertionError):
         reconcile(make_effect([make_attempt(Stage.UNKNOWN)]), evidence, None)

@@ -20,8 +20,16 @@ from effect_ledger.policy.rego_tests import rule_evaluator
 POLICY_DIR = Path(__file__).resolve().parents[2] / "policy"
 DECISION = "data.effectledger.gate.decision"
 RELIED_ON = (
-    "now", "principal", "run", "request", "contract", "effect", "ledger",
-    "target_unknown_effects", "budgets", "approvals",
+    "now",
+    "principal",
+    "run",
+    "request",
+    "contract",
+    "effect",
+    "ledger",
+    "target_unknown_effects",
+    "budgets",
+    "approvals",
 )
 
 pytest.importorskip("opa_bindings", reason="OPA's engine (opa-golib-python-bindings) is installed by scripts/test.sh")
@@ -39,10 +47,14 @@ def contracts(draw):
     return {
         "tool": draw(names),
         "revision": draw(st.integers(1, 3)),
-        "effect_class": draw(st.sampled_from(["READ_ONLY", "IDEMPOTENT", "RETRYABLE_WITH_KEY", "COMPENSATABLE", "IRREVERSIBLE"])),
+        "effect_class": draw(
+            st.sampled_from(["READ_ONLY", "IDEMPOTENT", "RETRYABLE_WITH_KEY", "COMPENSATABLE", "IRREVERSIBLE"])
+        ),
         "provider_idempotency": draw(st.booleans()),
         "queryable": draw(st.booleans()),
-        "allowed_recovery": draw(st.lists(st.sampled_from(["RETRY_SAME_KEY", "QUERY_THEN_RETRY", "MANUAL_ONLY"]), unique=True)),
+        "allowed_recovery": draw(
+            st.lists(st.sampled_from(["RETRY_SAME_KEY", "QUERY_THEN_RETRY", "MANUAL_ONLY"]), unique=True)
+        ),
         "has_arguments_schema": False,
         "max_attempts": 3,
         "lease_seconds": 60,
@@ -62,7 +74,9 @@ def approvals(draw):
         "valid_approvers": draw(st.lists(st.sampled_from(["rev-1", "rev-2"]), unique=True)),
         "denied_by": draw(st.sampled_from([None, "rev-1"])),
         "requested_by": "agent-1",
-        "binding_problems": draw(st.lists(st.sampled_from(["APPROVAL_USED", "APPROVAL_EXPIRED", "APPROVED_BY_EXECUTOR"]), max_size=1)),
+        "binding_problems": draw(
+            st.lists(st.sampled_from(["APPROVAL_USED", "APPROVAL_EXPIRED", "APPROVED_BY_EXECUTOR"]), max_size=1)
+        ),
     }
 
 
@@ -70,25 +84,51 @@ def approvals(draw):
 def budgets(draw):
     available = draw(st.integers(0, 100))
     return {
-        "budget_id": "bud_" + draw(ids), "scope": "TENANT", "scope_id": "", "dimension": "usd_micros",
-        "limit": 100, "posted": 100 - available, "pending": 0, "available": available,
+        "budget_id": "bud_" + draw(ids),
+        "scope": "TENANT",
+        "scope_id": "",
+        "dimension": "usd_micros",
+        "limit": 100,
+        "posted": 100 - available,
+        "pending": 0,
+        "available": available,
         "estimate": draw(st.integers(0, 120)),
     }
 
 
 @st.composite
 def well_formed_inputs(draw):
-    verdict = draw(st.sampled_from(["NEW_EFFECT", "NEW_ATTEMPT", "DUPLICATE", "RECONCILE_REQUIRED", "RETRY_LIMIT_EXCEEDED"]))
+    verdict = draw(
+        st.sampled_from(["NEW_EFFECT", "NEW_ATTEMPT", "DUPLICATE", "RECONCILE_REQUIRED", "RETRY_LIMIT_EXCEEDED"])
+    )
     return {
         "version": 1,
         "now": draw(st.sampled_from(["2026-11-29T12:00:00.000000Z", "2026-11-29T12:00:00Z", "yesterday", ""])),
-        "principal": {"id": "agent-1", "tenant": "acme", "roles": draw(st.lists(st.sampled_from(["agent", "admin", "auditor", "reviewer", "operator"]), unique=True))},
+        "principal": {
+            "id": "agent-1",
+            "tenant": "acme",
+            "roles": draw(
+                st.lists(st.sampled_from(["agent", "admin", "auditor", "reviewer", "operator"]), unique=True)
+            ),
+        },
         "run": {
-            "id": "run_1", "created_by": "agent-1", "revision": 4, "labels": {},
-            "world": draw(st.sampled_from(["LIVE", "SIMULATED"])), "segment": 1, "parent_run_id": "",
+            "id": "run_1",
+            "created_by": "agent-1",
+            "revision": 4,
+            "labels": {},
+            "world": draw(st.sampled_from(["LIVE", "SIMULATED"])),
+            "segment": 1,
+            "parent_run_id": "",
             "pending_reconciliation": draw(st.lists(st.sampled_from(["eff_a", "eff_b"]), unique=True)),
         },
-        "request": {"tool": draw(names), "target": "t", "idempotency_key": "k", "intent_digest": "d", "arguments": {}, "estimate": {}},
+        "request": {
+            "tool": draw(names),
+            "target": "t",
+            "idempotency_key": "k",
+            "intent_digest": "d",
+            "arguments": {},
+            "estimate": {},
+        },
         "contract": draw(contracts()),
         "pinned_contract": None,
         "effect": draw(st.sampled_from([None, {"effect_id": "eff_a", "run_id": "run_1", "stage": "UNKNOWN"}])),
@@ -99,7 +139,9 @@ def well_formed_inputs(draw):
         },
         "run_open_effects": [],
         "run_open_effects_truncated": False,
-        "target_unknown_effects": draw(st.lists(st.just({"effect_id": "eff_x", "run_id": "run_2", "idempotency_key": "x"}), max_size=1)),
+        "target_unknown_effects": draw(
+            st.lists(st.just({"effect_id": "eff_x", "run_id": "run_2", "idempotency_key": "x"}), max_size=1)
+        ),
         "estimate": {},
         "budgets": draw(st.lists(budgets(), max_size=2)),
         "approvals": draw(st.lists(approvals(), max_size=2)),
@@ -120,10 +162,19 @@ def inputs(draw):
         allowed = (type(None), dict) if key in ("contract", "effect") else (type(value[key]),)
         value[key] = draw(st.sampled_from([w for w in WRONG_TYPES if not isinstance(w, allowed)]))
     elif damage == "remove_nested":
-        section, key = draw(st.sampled_from([
-            ("principal", "roles"), ("run", "world"), ("run", "pending_reconciliation"), ("request", "tool"),
-            ("ledger", "verdict"), ("ledger", "creates_attempt"), ("ledger", "reasons"),
-        ]))
+        section, key = draw(
+            st.sampled_from(
+                [
+                    ("principal", "roles"),
+                    ("run", "world"),
+                    ("run", "pending_reconciliation"),
+                    ("request", "tool"),
+                    ("ledger", "verdict"),
+                    ("ledger", "creates_attempt"),
+                    ("ledger", "reasons"),
+                ]
+            )
+        )
         value[section] = {k: v for k, v in value[section].items() if k != key}
     return damage, value
 

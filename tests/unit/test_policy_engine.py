@@ -104,9 +104,7 @@ UNDEFINED = [
 ]
 
 
-@pytest.mark.parametrize(
-    "value", [case[1] for case in UNDEFINED], ids=[case[0] for case in UNDEFINED]
-)
+@pytest.mark.parametrize("value", [case[1] for case in UNDEFINED], ids=[case[0] for case in UNDEFINED])
 def test_anything_but_a_valid_decision_is_policy_undefined(value):
     with pytest.raises(PolicyUnavailable) as caught:
         parse(value)
@@ -115,9 +113,7 @@ def test_anything_but_a_valid_decision_is_policy_undefined(value):
 
 
 def test_the_reason_limit_itself_is_accepted():
-    decision = parse(
-        {"outcome": "DENY", "reasons": [{"code": f"R{n:02}"} for n in range(REASONS_MAX)]}
-    )
+    decision = parse({"outcome": "DENY", "reasons": [{"code": f"R{n:02}"} for n in range(REASONS_MAX)]})
     assert len(decision.reasons) == REASONS_MAX
 
 
@@ -166,9 +162,7 @@ CONTRACT = ToolContract(
 )
 
 
-def policy_input(
-    *, contract: ToolContract | None = CONTRACT, roles=frozenset({Role.AGENT}), tool="email.send"
-):
+def policy_input(*, contract: ToolContract | None = CONTRACT, roles=frozenset({Role.AGENT}), tool="email.send"):
     return build_policy_input(
         now=NOW,
         principal=Principal("acme", "agent-1", roles),
@@ -236,9 +230,7 @@ def write_policy(folder: Path, body: str) -> Path:
 
 
 async def test_a_policy_whose_decision_is_undefined_is_policy_undefined(tmp_path):
-    engine = EmbeddedRegoEngine(
-        write_policy(tmp_path, 'decision := {"outcome": "ALLOW"} if {\n\tinput.never\n}\n')
-    )
+    engine = EmbeddedRegoEngine(write_policy(tmp_path, 'decision := {"outcome": "ALLOW"} if {\n\tinput.never\n}\n'))
     with pytest.raises(PolicyUnavailable) as caught:
         await engine.evaluate(policy_input())
     assert caught.value.reason == "POLICY_UNDEFINED"
@@ -259,15 +251,12 @@ async def test_a_policy_without_a_decision_rule_is_policy_undefined(tmp_path):
 
 
 async def test_reload_picks_up_a_changed_policy(tmp_path):
-    folder = write_policy(
-        tmp_path, 'decision := {"outcome": "DENY", "reasons": [{"code": "CLOSED"}]}\n'
-    )
+    folder = write_policy(tmp_path, 'decision := {"outcome": "DENY", "reasons": [{"code": "CLOSED"}]}\n')
     engine = EmbeddedRegoEngine(folder)
     before = await engine.revision()
     assert (await engine.evaluate(policy_input())).outcome == Outcome.DENY
     (folder / "effectledger" / "gate" / "gate.rego").write_text(
-        "package effectledger.gate\n\nimport rego.v1\n\n"
-        'decision := {"outcome": "ALLOW", "reasons": []}\n'
+        'package effectledger.gate\n\nimport rego.v1\n\ndecision := {"outcome": "ALLOW", "reasons": []}\n'
     )
     assert engine.reload() != before
     assert (await engine.evaluate(policy_input())).outcome == Outcome.ALLOW

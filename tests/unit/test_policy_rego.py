@@ -42,7 +42,10 @@ def test_every_shipped_rego_test_passes(engine):
     assert failed == []
     assert len(results) >= 10
     assert len({(r.file, r.name) for r in results}) == len(results)
-    assert {r.file for r in results} == {"effectledger/gate/gate_test.rego", "effectledger/reconcile/reconcile_test.rego"}
+    assert {r.file for r in results} == {
+        "effectledger/gate/gate_test.rego",
+        "effectledger/reconcile/reconcile_test.rego",
+    }
 
 
 @pytest.fixture
@@ -56,11 +59,7 @@ def planted_copy(tmp_path) -> Path:
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_planted_failing_test_is_reported_as_failed(planted_copy, engine):
     results = {(r.file, r.name): r for r in run_policy_tests(planted_copy, engine)}
-    planted = {
-        name: result
-        for (file, name), result in results.items()
-        if file == "effectledger/planted_test.rego"
-    }
+    planted = {name: result for (file, name), result in results.items() if file == "effectledger/planted_test.rego"}
     assert set(planted) == {
         "test_planted_passes",
         "test_planted_allows_an_empty_input",

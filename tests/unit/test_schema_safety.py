@@ -156,9 +156,7 @@ def test_registration_refuses_what_could_fetch_loop_or_backtrack(schema, where, 
             "$defs": {"name": {"type": "string"}},
         },
         {"$schema": schemas.DIALECT, "type": "object"},
-        {
-            "properties": {"$id": {"type": "string"}, "$ref": {"const": "http://x/"}}
-        },  # property names, not keywords
+        {"properties": {"$id": {"type": "string"}, "$ref": {"const": "http://x/"}}},  # property names, not keywords
         {"enum": [{"$ref": "http://127.0.0.1:9/"}]},  # data, not a schema
         {"type": "array", "items": {"$ref": "#"}},  # recursion that descends: fine
         {"properties": {"a~b/c": {"type": "string"}, "d": {"$ref": "#/properties/a~0b~1c"}}},
@@ -180,16 +178,9 @@ def test_limits_of_size_depth_subschemas_and_patterns():
     assert f"at most {schemas.SCHEMA_SIZE_MAX_BYTES}" in problems(big)[0]
     many = {"anyOf": [{"type": "string"} for _ in range(schemas.SUBSCHEMAS_MAX + 1)]}
     assert "subschemas" in problems(many)[0]
-    patterns = {
-        "properties": {f"p{n}": {"pattern": f"^{n}$"} for n in range(schemas.PATTERNS_MAX + 1)}
-    }
+    patterns = {"properties": {f"p{n}": {"pattern": f"^{n}$"} for n in range(schemas.PATTERNS_MAX + 1)}}
     assert "distinct patterns" in " ".join(problems(patterns))
-    assert (
-        problems(
-            {"properties": {f"p{n}": {"pattern": f"^{n}$"} for n in range(schemas.PATTERNS_MAX)}}
-        )
-        == []
-    )
+    assert problems({"properties": {f"p{n}": {"pattern": f"^{n}$"} for n in range(schemas.PATTERNS_MAX)}}) == []
 
 
 # --- validation never retrieves --------------------------------------------------------------
@@ -199,9 +190,7 @@ def test_the_counting_server_counts(remote):
     """The control: the library's default validator does fetch a remote $ref (deprecated)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        errors = list(
-            jsonschema.Draft202012Validator(remote_schema(remote.url)).iter_errors({"name": 5})
-        )
+        errors = list(jsonschema.Draft202012Validator(remote_schema(remote.url)).iter_errors({"name": 5}))
     assert errors and remote.requests == 1
 
 
@@ -264,10 +253,7 @@ def test_patterns_keep_their_meaning():
         "additionalProperties": False,
     }
     assert schemas.argument_violations(schema, {"code": "ABC-12", "x-note": "ok"}) == []
-    fields = [
-        v.field
-        for v in schemas.argument_violations(schema, {"code": "abc", "x-note": 1, "other": 1})
-    ]
+    fields = [v.field for v in schemas.argument_violations(schema, {"code": "abc", "x-note": 1, "other": 1})]
     assert fields == ["arguments_json", "arguments_json['code']", "arguments_json['x-note']"]
     # RE2 (like ECMA-262) reads "$" as the end of the text, not "before a final newline".
     assert schemas.argument_violations(schema, {"code": "ABC-12\n"})
@@ -385,9 +371,7 @@ def test_tool_names_and_dimensions_are_matched_whole():
 # --- archives: headers judged before any content is read ------------------------------------
 
 
-def _header(
-    name: str, kind: bytes = tarfile.REGTYPE, size: int = 0, linkname: str = ""
-) -> tarfile.TarInfo:
+def _header(name: str, kind: bytes = tarfile.REGTYPE, size: int = 0, linkname: str = "") -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)
     info.type, info.size, info.linkname, info.mode = kind, size, linkname, 0o644
     return info
@@ -423,8 +407,7 @@ def test_the_sparse_builder_makes_a_sparse_member():
     ("data", "component"),
     [
         (
-            b"".join(gnu_sparse(f"holes/{n:02}.bin", 8 * 1024 * 1024 - 512) for n in range(60))
-            + b"\0" * 1024,
+            b"".join(gnu_sparse(f"holes/{n:02}.bin", 8 * 1024 * 1024 - 512) for n in range(60)) + b"\0" * 1024,
             "holes/00.bin",
         ),
         (
@@ -440,12 +423,7 @@ def test_the_sparse_builder_makes_a_sparse_member():
         (plain_tar((_header("dev", tarfile.CHRTYPE), None)), "dev"),
         (plain_tar((_header("bad\x1bname", size=1), b"x")), "bad\\x1bname"),
         (
-            plain_tar(
-                *[
-                    (_header(f"f{n}", size=1), b"x")
-                    for n in range(checkpoints.ARCHIVE_FILES_MAX + 1)
-                ]
-            ),
+            plain_tar(*[(_header(f"f{n}", size=1), b"x") for n in range(checkpoints.ARCHIVE_FILES_MAX + 1)]),
             "archive",
         ),
     ],
@@ -487,9 +465,7 @@ def test_the_unpacked_total_is_bounded_from_the_headers(monkeypatch):
     )
     with pytest.raises(InvalidArgument) as caught:
         checkpoints.read_archive(data)
-    assert [v.field for v in caught.value.violations] == [
-        "f3"
-    ] and "unpacked" in caught.value.message
+    assert [v.field for v in caught.value.violations] == ["f3"] and "unpacked" in caught.value.message
     assert reads == []
 
 
@@ -546,9 +522,7 @@ def test_one_enum_conversion_for_every_request_field():
     from effect_ledger.transport.mapping import enum_value
     from effectledger.v1 import checkpoints_pb2
 
-    assert (
-        enum_value(checkpoints_pb2.ArtifactClass, 1, "c", ArtifactClass) is ArtifactClass.REQUIRED
-    )
+    assert enum_value(checkpoints_pb2.ArtifactClass, 1, "c", ArtifactClass) is ArtifactClass.REQUIRED
     assert enum_value(checkpoints_pb2.World, 2, "world") == "SIMULATED"
     assert enum_value(checkpoints_pb2.World, 0, "world", required=False) is None
     for value, reason in ((99, "INVALID_ENUM"), (-1, "INVALID_ENUM"), (0, "FIELD_REQUIRED")):

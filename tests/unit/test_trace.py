@@ -65,9 +65,7 @@ def check(events: list[dict], head_revision: int | None = None, head_hash: str |
 def test_an_intact_chain_has_no_break():
     events = build_chain()
     assert events[0]["prev_hash"] == GENESIS_HASH
-    assert all(
-        later["prev_hash"] == earlier["hash"] for earlier, later in itertools.pairwise(events)
-    )
+    assert all(later["prev_hash"] == earlier["hash"] for earlier, later in itertools.pairwise(events))
     assert len({e["hash"] for e in events}) == len(events)
     assert check(events) is None
 

@@ -178,7 +178,8 @@ def checked_signature(function: Callable) -> inspect.Signature:
     signature = inspect.signature(function)
     parameter = signature.parameters.get(EFFECT_PARAMETER)
     if parameter is None or parameter.kind not in (
-        inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD
+        inspect.Parameter.KEYWORD_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
     ):
         raise TypeError(f"{function.__qualname__} must take an `{EFFECT_PARAMETER}` keyword parameter")
     return signature

@@ -27,9 +27,7 @@ import grpc
 
 from effect_ledger_client.errors import LedgerError
 
-RETRIED_CODES = frozenset(
-    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED}
-)
+RETRIED_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.ABORTED})
 NEVER_RETRIED_REASONS = frozenset({"QUOTA_EXCEEDED"})
 IDEMPOTENT_BY_ATTEMPT = frozenset(
     {"AuthorizeEffect", "RecordDispatch", "RecordOutcome", "RenewLease", "ReleaseAttempt"}

@@ -143,8 +143,9 @@ class Service:
         raise AttributeError(f"the service has no RPC {name!r}; it has {', '.join(self._names)}")
 
 
-def attach_services(client: Any, channel: Any, metadata: Metadata, timeout_seconds: float,
-                    retry: RetryPolicy, *, asynchronous: bool) -> None:
+def attach_services(
+    client: Any, channel: Any, metadata: Metadata, timeout_seconds: float, retry: RetryPolicy, *, asynchronous: bool
+) -> None:
     settings = _CallSettings(metadata, timeout_seconds, retry)
     for attribute, (stub_class, descriptor) in SERVICES.items():
         setattr(client, attribute, Service(stub_class(channel), descriptor, settings, asynchronous=asynchronous))
@@ -191,9 +192,7 @@ def _async_method(stub: Any, method, settings: _CallSettings):
         retrying = _Retrying(name, request, settings.retry)
         while True:
             try:
-                return await callable_(
-                    request, metadata=settings.metadata, timeout=timeout or settings.timeout_seconds
-                )
+                return await callable_(request, metadata=settings.metadata, timeout=timeout or settings.timeout_seconds)
             except grpc.RpcError as rpc_error:
                 error = error_from_rpc(rpc_error)
             delay = None if method.client_streaming else retrying.delay_before_next(error)

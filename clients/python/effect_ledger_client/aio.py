@@ -1,9 +1,9 @@
 """The asyncio client, ``AsyncLedger`` (grpc.aio), and its guard; the same rules as ``Ledger``.
 
-    async with AsyncLedger("127.0.0.1:50051", token) as ledger:
-        async with ledger.guard(run_id, "email.send", {"to": "a@example.com"}, key="welcome-42") as effect:
-            receipt = await send(..., idempotency_key=effect.provider_key)
-            await effect.succeeded(receipt.id)
+async with AsyncLedger("127.0.0.1:50051", token) as ledger:
+    async with ledger.guard(run_id, "email.send", {"to": "a@example.com"}, key="welcome-42") as effect:
+        receipt = await send(..., idempotency_key=effect.provider_key)
+        await effect.succeeded(receipt.id)
 """
 
 from __future__ import annotations
@@ -62,7 +62,11 @@ class AsyncLedger:
             self.channel = grpc.aio.secure_channel(target, credentials, options=all_options)
         self.timeout_seconds = timeout_seconds
         attach_services(
-            self, self.channel, (("authorization", f"Bearer {token}"),), timeout_seconds, retry,
+            self,
+            self.channel,
+            (("authorization", f"Bearer {token}"),),
+            timeout_seconds,
+            retry,
             asynchronous=True,
         )
 
@@ -106,8 +110,11 @@ class AsyncLedger:
                     values, run_id=run_id, key=key, target=target, arguments=arguments, estimate=estimate
                 )
                 guard = self.guard(
-                    chosen.pop("run_id"), tool, chosen.pop("arguments"),
-                    approval_timeout_seconds=approval_timeout_seconds, **chosen,
+                    chosen.pop("run_id"),
+                    tool,
+                    chosen.pop("arguments"),
+                    approval_timeout_seconds=approval_timeout_seconds,
+                    **chosen,
                 )
                 try:
                     effect = await guard.__aenter__()
@@ -209,7 +216,9 @@ class AsyncEffect(_guard.EffectFields):
 class AsyncGuard:
     """``Guard`` for ``AsyncLedger``: ``async with``."""
 
-    def __init__(self, ledger: AsyncLedger, request: gate_pb2.AuthorizeEffectRequest, approval_timeout_seconds: float) -> None:
+    def __init__(
+        self, ledger: AsyncLedger, request: gate_pb2.AuthorizeEffectRequest, approval_timeout_seconds: float
+    ) -> None:
         self._ledger = ledger
         self._request = request
         self._approval_timeout_seconds = approval_timeout_seconds

@@ -136,9 +136,7 @@ def _unpack(detail, message_class):
     return message
 
 
-def error_from_status(
-    code: grpc.StatusCode, message: str, status_details: list | tuple = ()
-) -> LedgerError:
+def error_from_status(code: grpc.StatusCode, message: str, status_details: list | tuple = ()) -> LedgerError:
     """The LedgerError for a status code, its message and its packed ``google.rpc`` details."""
     reason, metadata, retry_after_seconds = "", {}, None
     violations: list[FieldViolation | PreconditionViolation] = []
@@ -151,9 +149,7 @@ def error_from_status(
             violations += [FieldViolation(v.field, v.description) for v in bad.field_violations]
         elif detail.Is(error_details_pb2.PreconditionFailure.DESCRIPTOR):
             failure = _unpack(detail, error_details_pb2.PreconditionFailure)
-            violations += [
-                PreconditionViolation(v.type, v.subject, v.description) for v in failure.violations
-            ]
+            violations += [PreconditionViolation(v.type, v.subject, v.description) for v in failure.violations]
         elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
             delay = _unpack(detail, error_details_pb2.RetryInfo).retry_delay
             retry_after_seconds = delay.seconds + delay.nanos / 1e9

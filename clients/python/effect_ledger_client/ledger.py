@@ -1,9 +1,9 @@
 """The sync client, ``Ledger``, and its guard: one side effect, authorized, renewed, reported.
 
-    ledger = Ledger("127.0.0.1:50051", token)
-    with ledger.guard(run_id, "email.send", {"to": "a@example.com"}, key="welcome-42") as effect:
-        receipt = send(..., idempotency_key=effect.provider_key)
-        effect.succeeded(receipt.id)
+ledger = Ledger("127.0.0.1:50051", token)
+with ledger.guard(run_id, "email.send", {"to": "a@example.com"}, key="welcome-42") as effect:
+    receipt = send(..., idempotency_key=effect.provider_key)
+    effect.succeeded(receipt.id)
 """
 
 from __future__ import annotations
@@ -61,7 +61,11 @@ class Ledger:
             self.channel = grpc.secure_channel(target, credentials, options=all_options)
         self.timeout_seconds = timeout_seconds
         attach_services(
-            self, self.channel, (("authorization", f"Bearer {token}"),), timeout_seconds, retry,
+            self,
+            self.channel,
+            (("authorization", f"Bearer {token}"),),
+            timeout_seconds,
+            retry,
             asynchronous=False,
         )
 
@@ -106,8 +110,11 @@ class Ledger:
                     values, run_id=run_id, key=key, target=target, arguments=arguments, estimate=estimate
                 )
                 guard = self.guard(
-                    chosen.pop("run_id"), tool, chosen.pop("arguments"),
-                    approval_timeout_seconds=approval_timeout_seconds, **chosen,
+                    chosen.pop("run_id"),
+                    tool,
+                    chosen.pop("arguments"),
+                    approval_timeout_seconds=approval_timeout_seconds,
+                    **chosen,
                 )
                 try:
                     effect = guard.__enter__()
@@ -224,7 +231,9 @@ class Guard:
     """One effect: authorize (waiting for an approval), renew the lease while the body runs,
     report the outcome. ``__enter__`` raises a GuardError unless the gate allows the effect."""
 
-    def __init__(self, ledger: Ledger, request: gate_pb2.AuthorizeEffectRequest, approval_timeout_seconds: float) -> None:
+    def __init__(
+        self, ledger: Ledger, request: gate_pb2.AuthorizeEffectRequest, approval_timeout_seconds: float
+    ) -> None:
         self._ledger = ledger
         self._request = request
         self._approval_timeout_seconds = approval_timeout_seconds

@@ -1,12 +1,12 @@
 """What the guard answers besides running the body, and the values it hands back.
 
-    GuardError                  the gate did not allow the effect; the body did not run
-    ├── Denied                  DENY: .reasons, .decision_id
-    │   └── ApprovalDenied      a reviewer denied the approval: .approval_id
-    ├── ApprovalTimeout         no decision in time: .approval_id
-    ├── ReconcileRequired       an earlier attempt may have happened: .effect_id, .stage
-    └── AlreadySucceeded        DUPLICATE in the ``with`` form: .receipt, .effect_id
-    Rejected                    raised by the body: the provider definitely refused (FAILED)
+GuardError                  the gate did not allow the effect; the body did not run
+├── Denied                  DENY: .reasons, .decision_id
+│   └── ApprovalDenied      a reviewer denied the approval: .approval_id
+├── ApprovalTimeout         no decision in time: .approval_id
+├── ReconcileRequired       an earlier attempt may have happened: .effect_id, .stage
+└── AlreadySucceeded        DUPLICATE in the ``with`` form: .receipt, .effect_id
+Rejected                    raised by the body: the provider definitely refused (FAILED)
 """
 
 from __future__ import annotations
@@ -36,11 +36,7 @@ class Receipt:
     @classmethod
     def from_proto(cls, receipt) -> Receipt:
         detail = json.loads(receipt.detail_json) if receipt.detail_json else None
-        recorded_at = (
-            receipt.recorded_at.ToDatetime(tzinfo=datetime.UTC)
-            if receipt.HasField("recorded_at")
-            else None
-        )
+        recorded_at = receipt.recorded_at.ToDatetime(tzinfo=datetime.UTC) if receipt.HasField("recorded_at") else None
         return cls(receipt.provider_reference, detail, receipt.digest, recorded_at)
 
 

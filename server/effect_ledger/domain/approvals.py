@@ -105,7 +105,10 @@ def binding_problems(
     it does). Four eyes: an approval by the executor never counts for it."""
     problems = []
     if (approval.run_id, approval.tool, approval.tool_revision, approval.intent_digest) != (
-        intent.run_id, intent.tool, intent.tool_revision, intent.intent_digest
+        intent.run_id,
+        intent.tool,
+        intent.tool_revision,
+        intent.intent_digest,
     ):
         problems.append("APPROVAL_NOT_BOUND_TO_INTENT")
     state = approval.effective_state(now)

@@ -107,7 +107,9 @@ def validate_amounts(
 ) -> dict[str, int]:
     """Validate a dimension -> amount map (an estimate, or reported usage where 0 is a fact)."""
     if len(amounts) > ESTIMATE_DIMENSIONS_MAX:
-        raise InvalidArgument.field(field, f"at most {ESTIMATE_DIMENSIONS_MAX} dimensions", reason="TOO_MANY_DIMENSIONS")
+        raise InvalidArgument.field(
+            field, f"at most {ESTIMATE_DIMENSIONS_MAX} dimensions", reason="TOO_MANY_DIMENSIONS"
+        )
     violations = []
     for dimension, amount in sorted(amounts.items()):
         if not DIMENSION.fullmatch(dimension):

@@ -152,9 +152,7 @@ def parse_json(
     if require_object and not isinstance(value, dict):
         raise InvalidArgument.field(field, "must be a JSON object", reason="JSON_NOT_OBJECT")
     if _depth(value) > DEPTH_MAX:
-        raise InvalidArgument.field(
-            field, f"nests deeper than {DEPTH_MAX} levels", reason="JSON_TOO_DEEP"
-        )
+        raise InvalidArgument.field(field, f"nests deeper than {DEPTH_MAX} levels", reason="JSON_TOO_DEEP")
     if _has_lone_surrogate(value):
         # RFC 8785 cannot serialize it (and it has no UTF-8 form): refuse it here, not later.
         raise InvalidArgument.field(
@@ -237,9 +235,7 @@ def digest(value: Any) -> str:
 
 def intent_digest(*, tool: str, tool_revision: int, target: str, arguments: dict[str, Any]) -> str:
     """The identity of an intended effect: what runs where with which arguments, under which contract."""
-    return digest(
-        {"tool": tool, "tool_revision": tool_revision, "target": target, "arguments": arguments}
-    )
+    return digest({"tool": tool, "tool_revision": tool_revision, "target": target, "arguments": arguments})
 
 
 def receipt_digest(*, provider_reference: str, detail: Any) -> str:

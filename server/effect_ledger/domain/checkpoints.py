@@ -128,7 +128,9 @@ def check_artifact_refs(refs: list[ArtifactRef]) -> None:
     for index, ref in enumerate(refs):
         field = f"artifacts[{index}]"
         if not ref.name or len(ref.name) > 256 or not safe_member_name(ref.name):
-            raise InvalidArgument.field(f"{field}.name", "must be a relative path without '..'", reason="INVALID_ARTIFACT")
+            raise InvalidArgument.field(
+                f"{field}.name", "must be a relative path without '..'", reason="INVALID_ARTIFACT"
+            )
         if ref.name in names:
             raise InvalidArgument.field(f"{field}.name", "is not unique", reason="INVALID_ARTIFACT")
         names.add(ref.name)
@@ -169,7 +171,9 @@ def build_manifest(
     }
 
 
-def manifest_problems(manifest: dict[str, Any], state: Any, ledger: dict[str, Any], artifacts: list[ArtifactRef]) -> list[str]:
+def manifest_problems(
+    manifest: dict[str, Any], state: Any, ledger: dict[str, Any], artifacts: list[ArtifactRef]
+) -> list[str]:
     """Which components no longer match the manifest (empty: all do)."""
     problems = []
     if manifest.get("state_digest") != section_digest(state):
@@ -218,10 +222,17 @@ def compatibility(
             problems.append(FactProblem(name, f"recorded {before!r}, current {now!r}"))
     if current.checkpoint_format < recorded.checkpoint_format:
         problems.append(
-            FactProblem("checkpoint_format", f"the runtime reads format {current.checkpoint_format}, the checkpoint is {recorded.checkpoint_format}")
+            FactProblem(
+                "checkpoint_format",
+                f"the runtime reads format {current.checkpoint_format}, the checkpoint is {recorded.checkpoint_format}",
+            )
         )
     for reference in sorted(set(recorded.native_references) - set(current.native_references)):
-        problems.append(FactProblem(f"native_reference:{reference}", "not available now; native continuation is lost", degraded_only=True))
+        problems.append(
+            FactProblem(
+                f"native_reference:{reference}", "not available now; native continuation is lost", degraded_only=True
+            )
+        )
     if not policy_revision:
         problems.append(FactProblem("policy", "the checkpoint holds no policy identity"))
     for ref in sorted(artifacts, key=lambda r: r.name):
@@ -229,13 +240,19 @@ def compatibility(
         if status != ArtifactStatus.COMPLETE:
             what = "missing" if status is None else status.value.lower()
             problems.append(
-                FactProblem(f"artifact:{ref.name}", f"{ref.digest} is {what}", degraded_only=ref.classification == ArtifactClass.OPTIONAL)
+                FactProblem(
+                    f"artifact:{ref.name}",
+                    f"{ref.digest} is {what}",
+                    degraded_only=ref.classification == ArtifactClass.OPTIONAL,
+                )
             )
     carried = set(current.recorded_effects)
     for effect_id in unresolved_effects:
         if effect_id not in carried:
             problems.append(
-                FactProblem(f"effect:{effect_id}", "UNKNOWN and not reconciled, and the resuming runtime does not carry it")
+                FactProblem(
+                    f"effect:{effect_id}", "UNKNOWN and not reconciled, and the resuming runtime does not carry it"
+                )
             )
     if any(not p.degraded_only for p in problems):
         verdict = Verdict.INCOMPATIBLE
@@ -261,7 +278,8 @@ def readme_text(manifest: dict[str, Any], state: Any, ledger: dict[str, Any]) ->
     effects = ledger.get("effects", {})
     # Format 1 named an effect's stage "state" (a kept original is exported as it was stored).
     open_effects = [
-        {**e, "stage": e.get("stage", e.get("state"))} for e in (effects.get("open", []) if isinstance(effects, dict) else [])
+        {**e, "stage": e.get("stage", e.get("state"))}
+        for e in (effects.get("open", []) if isinstance(effects, dict) else [])
     ]
     unknown = [e for e in open_effects if e.get("stage") == "UNKNOWN"]
     approvals = ledger.get("approvals", {})
@@ -286,14 +304,24 @@ def readme_text(manifest: dict[str, Any], state: Any, ledger: dict[str, Any]) ->
             f"- effect {e['effect_id']}: {e['tool']} on {e['target']} (key {e['idempotency_key']}) may have happened."
             for e in unknown
         ]
-        lines += ["", "Do not repeat these. Ask the provider (their keys are in `ledger/effects.json`) and reconcile each with evidence."]
+        lines += [
+            "",
+            "Do not repeat these. Ask the provider (their keys are in `ledger/effects.json`) and reconcile each with evidence.",
+        ]
     else:
         lines.append("No effect's outcome is unknown.")
     others = [e for e in open_effects if e.get("stage") != "UNKNOWN"]
     lines += ["", "## Open effects", ""]
-    lines += [f"- effect {e['effect_id']}: {e['tool']} on {e['target']} is {e['stage']}." for e in others] or ["None besides the unknown ones."]
+    lines += [f"- effect {e['effect_id']}: {e['tool']} on {e['target']} is {e['stage']}." for e in others] or [
+        "None besides the unknown ones."
+    ]
     pending = approvals.get("pending", []) if isinstance(approvals, dict) else []
-    lines += ["", "## Approvals", "", f"{len(pending)} pending; see `ledger/approvals.json` (approvals are evidence, not portable power: the gate re-checks them)."]
+    lines += [
+        "",
+        "## Approvals",
+        "",
+        f"{len(pending)} pending; see `ledger/approvals.json` (approvals are evidence, not portable power: the gate re-checks them).",
+    ]
     if isinstance(budgets, dict) and "budgets" in budgets:
         lines += ["", "## Budgets", ""]
         lines += [
@@ -332,7 +360,9 @@ def build_archive(files: dict[str, bytes], signature: bytes | None = None) -> by
     return buffer.getvalue()
 
 
-def archive_files(manifest: dict[str, Any], state: Any, ledger: dict[str, Any], artifacts: list[ArtifactRef]) -> dict[str, bytes]:
+def archive_files(
+    manifest: dict[str, Any], state: Any, ledger: dict[str, Any], artifacts: list[ArtifactRef]
+) -> dict[str, bytes]:
     """Every file of an export except manifest.json, whose digests the manifest lists."""
     files = {
         "state.json": canonical_bytes(state),
@@ -545,7 +575,9 @@ def verify_archive(
         raise _bad("manifest.json", "is not in RFC 8785 canonical form")
     version = manifest.get("format_version")
     if not _is_count(version) or version not in READABLE_FORMATS:
-        raise _bad("manifest.json", f"format_version {str(version)[:20]!r} is not one this service reads", precondition=True)
+        raise _bad(
+            "manifest.json", f"format_version {str(version)[:20]!r} is not one this service reads", precondition=True
+        )
     check_manifest_fields(manifest)
     listed = manifest["files"]
     for required in ("state.json", "artifacts.json"):
@@ -566,14 +598,21 @@ def verify_archive(
     signer = signing.signer_of(trusted_keys, manifest_bytes, files.get(SIGNATURE_FILE))
     if signer is None and not allow_unsigned:
         raise unsigned_refusal(signed)
-    state = _parse_member(files["state.json"], field="state.json", size_max_bytes=ARCHIVE_FILE_SIZE_MAX_BYTES, require_object=False)
+    state = _parse_member(
+        files["state.json"], field="state.json", size_max_bytes=ARCHIVE_FILE_SIZE_MAX_BYTES, require_object=False
+    )
     ledger = {}
     for name in listed:
         if name.startswith("ledger/") and name.endswith(".json"):
             ledger[name[len("ledger/") : -len(".json")]] = _parse_member(
                 files[name], field=name, size_max_bytes=ARCHIVE_FILE_SIZE_MAX_BYTES, require_object=False
             )
-    refs_json = _parse_member(files["artifacts.json"], field="artifacts.json", size_max_bytes=ARCHIVE_FILE_SIZE_MAX_BYTES, require_object=False)
+    refs_json = _parse_member(
+        files["artifacts.json"],
+        field="artifacts.json",
+        size_max_bytes=ARCHIVE_FILE_SIZE_MAX_BYTES,
+        require_object=False,
+    )
     try:
         refs = [ArtifactRef(r["name"], r["digest"], ArtifactClass(r["classification"])) for r in refs_json]
     except (KeyError, TypeError, ValueError):
@@ -591,8 +630,19 @@ def verify_archive(
 
 
 MANIFEST_FIELDS = frozenset(
-    {"format_version", "tenant_id", "run_id", "checkpoint_id", "revision", "sealed_at", "policy_revision",
-     "state_digest", "artifacts", "sections", "files"}
+    {
+        "format_version",
+        "tenant_id",
+        "run_id",
+        "checkpoint_id",
+        "revision",
+        "sealed_at",
+        "policy_revision",
+        "state_digest",
+        "artifacts",
+        "sections",
+        "files",
+    }
 )
 
 
@@ -606,7 +656,9 @@ def _check_current_format(
     try:
         readme = readme_text(core, state, ledger).encode("utf-8")
     except (AttributeError, KeyError, TypeError, ValueError):
-        raise _bad("README.md", "cannot be derived: a ledger section does not have the shape this format records") from None
+        raise _bad(
+            "README.md", "cannot be derived: a ledger section does not have the shape this format records"
+        ) from None
     if files.get("README.md") != readme:
         raise _bad("README.md", "does not describe this manifest, state and ledger")
     members = {name: content for name, content in files.items() if name != SIGNATURE_FILE}

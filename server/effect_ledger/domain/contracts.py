@@ -38,9 +38,7 @@ REASON_LENGTH_MAX = 2048
 
 def check_tool_name(value: str, field: str = "tool") -> str:
     if not TOOL_NAME.fullmatch(value):
-        raise InvalidArgument.field(
-            field, "must match [A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}", reason="INVALID_TOOL_NAME"
-        )
+        raise InvalidArgument.field(field, "must match [A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}", reason="INVALID_TOOL_NAME")
     return value
 
 
@@ -83,13 +81,9 @@ def validate_new_contract(contract: ToolContract) -> None:
     if not TOOL_NAME.fullmatch(contract.tool):
         violations.append(FieldViolation("contract.tool", "must match [A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}"))
     if not 1 <= contract.max_attempts <= MAX_ATTEMPTS_LIMIT:
-        violations.append(
-            FieldViolation("contract.max_attempts", f"must be between 1 and {MAX_ATTEMPTS_LIMIT}")
-        )
+        violations.append(FieldViolation("contract.max_attempts", f"must be between 1 and {MAX_ATTEMPTS_LIMIT}"))
     if not 1 <= contract.lease_seconds <= LEASE_SECONDS_LIMIT:
-        violations.append(
-            FieldViolation("contract.lease_seconds", f"must be between 1 and {LEASE_SECONDS_LIMIT}")
-        )
+        violations.append(FieldViolation("contract.lease_seconds", f"must be between 1 and {LEASE_SECONDS_LIMIT}"))
     if len(set(contract.allowed_recovery)) != len(contract.allowed_recovery):
         violations.append(FieldViolation("contract.allowed_recovery", "has duplicates"))
     if Recovery.RETRY_SAME_KEY in contract.allowed_recovery and not contract.provider_idempotency:
@@ -100,17 +94,13 @@ def validate_new_contract(contract: ToolContract) -> None:
             )
         )
     if Recovery.QUERY_THEN_RETRY in contract.allowed_recovery and not contract.queryable:
-        violations.append(
-            FieldViolation("contract.allowed_recovery", "QUERY_THEN_RETRY needs queryable")
-        )
+        violations.append(FieldViolation("contract.allowed_recovery", "QUERY_THEN_RETRY needs queryable"))
     if contract.effect_class == EffectClass.RETRYABLE_WITH_KEY and not contract.provider_idempotency:
         violations.append(
             FieldViolation("contract.provider_idempotency", "RETRYABLE_WITH_KEY needs provider_idempotency")
         )
     if len(contract.default_estimate) > ESTIMATE_DIMENSIONS_MAX:
-        violations.append(
-            FieldViolation("contract.default_estimate", f"at most {ESTIMATE_DIMENSIONS_MAX} dimensions")
-        )
+        violations.append(FieldViolation("contract.default_estimate", f"at most {ESTIMATE_DIMENSIONS_MAX} dimensions"))
     for dimension, amount in sorted(contract.default_estimate.items()):
         if not DIMENSION.fullmatch(dimension):
             violations.append(

@@ -40,10 +40,12 @@ class IntentFacts:
     # Effects open at a resume of the run that are still open (the gate refuses new effects).
     obligations: tuple[str, ...] = ()
 
+
 def receipt_fact(receipt: Receipt | None) -> dict[str, Any] | None:
     if receipt is None:
         return None
     return {"provider_reference": receipt.provider_reference, "digest": receipt.digest}
+
 
 def expired_in_memory(effect: Effect, now: Any) -> list[tuple[Attempt, Stage]]:
     """Turn attempts whose lease ran out UNKNOWN (in memory); returns (attempt, stage before)."""
@@ -57,6 +59,7 @@ def expired_in_memory(effect: Effect, now: Any) -> list[tuple[Attempt, Stage]]:
         effect.stage = lifecycle.effect_stage(effect.attempts)
         effect.updated_at = now
     return changed
+
 
 def authorized_events(
     effect: Effect, attempt: Attempt, created: bool, decision_id: str, approval_id: str
@@ -85,12 +88,20 @@ def authorized_events(
         events.append(
             (
                 "attempt.dispatched",
-                {"effect_id": effect.effect_id, "attempt_id": attempt.attempt_id, "report": "DISPATCHED",
-                 "reason": "begin_dispatched", "failure_evidence": None, "receipt": None,
-                 "stage_before": Stage.AUTHORIZED.value, "stage": Stage.DISPATCHED.value},
+                {
+                    "effect_id": effect.effect_id,
+                    "attempt_id": attempt.attempt_id,
+                    "report": "DISPATCHED",
+                    "reason": "begin_dispatched",
+                    "failure_evidence": None,
+                    "receipt": None,
+                    "stage_before": Stage.AUTHORIZED.value,
+                    "stage": Stage.DISPATCHED.value,
+                },
             )
         )
     return events
+
 
 def combine(
     verdict: LedgerVerdict,
@@ -128,6 +139,7 @@ def combine(
     if policy_outcome == Outcome.ALLOW:
         return Outcome.ALLOW, verdict.reasons + policy_reasons
     return policy_outcome, policy_reasons
+
 
 def run_refusals(facts: IntentFacts) -> tuple[Reason, ...]:
     """What the run itself forbids, checked by the service whatever policy says."""
@@ -212,4 +224,3 @@ def not_happened_refusal(
         f"(allowed_recovery: {recoveries})"
     )
     return "RECONCILE_NEEDS_OPERATOR", message
-

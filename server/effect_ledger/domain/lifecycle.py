@@ -31,9 +31,7 @@ from effect_ledger.domain.model import (
 )
 
 ALLOWED_EDGES: dict[Stage, frozenset[Stage]] = {
-    Stage.AUTHORIZED: frozenset(
-        {Stage.DISPATCHED, Stage.RELEASED, Stage.SUCCEEDED, Stage.FAILED, Stage.UNKNOWN}
-    ),
+    Stage.AUTHORIZED: frozenset({Stage.DISPATCHED, Stage.RELEASED, Stage.SUCCEEDED, Stage.FAILED, Stage.UNKNOWN}),
     Stage.DISPATCHED: frozenset({Stage.SUCCEEDED, Stage.FAILED, Stage.UNKNOWN}),
     Stage.UNKNOWN: frozenset({Stage.SUCCEEDED, Stage.FAILED}),
     Stage.SUCCEEDED: frozenset(),
@@ -88,9 +86,7 @@ class LedgerVerdict:
     reuse_provider_key: bool = False
 
 
-def ledger_verdict(
-    effect: Effect | None, pinned: ToolContract | None, request_digest: str
-) -> LedgerVerdict:
+def ledger_verdict(effect: Effect | None, pinned: ToolContract | None, request_digest: str) -> LedgerVerdict:
     """What the ledger says about an AuthorizeEffect for an idempotency key, before policy.
 
     ``effect`` is the effect already bound to the key (its leases already expired), and
@@ -105,9 +101,7 @@ def ledger_verdict(
         )
     stage = effect.stage
     if stage == Stage.SUCCEEDED:
-        return LedgerVerdict(
-            VerdictKind.DUPLICATE, (Reason("EFFECT_SUCCEEDED", "the effect already happened"),)
-        )
+        return LedgerVerdict(VerdictKind.DUPLICATE, (Reason("EFFECT_SUCCEEDED", "the effect already happened"),))
     max_attempts = pinned.max_attempts if pinned is not None else 1
     limit_reached = counted_attempts(effect.attempts) >= max_attempts
     if stage in OPEN_STAGES:
@@ -188,9 +182,7 @@ class Transition:
 
 
 def _same_receipt(attempt: Attempt, receipt: Receipt | None) -> bool:
-    return (
-        attempt.receipt is not None and receipt is not None and attempt.receipt.digest == receipt.digest
-    )
+    return attempt.receipt is not None and receipt is not None and attempt.receipt.digest == receipt.digest
 
 
 def apply_report(attempt: Attempt, report: Report, now: datetime) -> Transition:
@@ -213,16 +205,12 @@ def apply_report(attempt: Attempt, report: Report, now: datetime) -> Transition:
     if stage in LEASED_STAGES:
         not_sent = report.failure_evidence == FailureEvidence.NOT_SENT
         if kind == ReportKind.FAILED and not_sent and stage == Stage.DISPATCHED:
-            return _refuse(
-                stage, "DISPATCH_RECORDED", "the attempt was dispatched; NOT_SENT contradicts it"
-            )
+            return _refuse(stage, "DISPATCH_RECORDED", "the attempt was dispatched; NOT_SENT contradicts it")
         return Transition(target, applied=True)
     if stage == Stage.UNKNOWN:
         if kind == ReportKind.UNKNOWN:
             return Transition(stage, applied=False)
-        return _refuse(
-            stage, "RECONCILE_REQUIRED", "the outcome is UNKNOWN; settle it with ReconcileEffect"
-        )
+        return _refuse(stage, "RECONCILE_REQUIRED", "the outcome is UNKNOWN; settle it with ReconcileEffect")
     if stage == Stage.SUCCEEDED:
         if kind == ReportKind.UNKNOWN:
             return Transition(stage, applied=False)
@@ -254,7 +242,8 @@ def _dispatch(attempt: Attempt, now: datetime) -> Transition:
     if stage == Stage.UNKNOWN:
         if attempt.lease_expires_at <= now:
             return _refuse(
-                stage, "LEASE_EXPIRED",
+                stage,
+                "LEASE_EXPIRED",
                 "the lease ran out before the dispatch was recorded; the attempt is UNKNOWN: do not send",
             )
         return _refuse(stage, "ATTEMPT_NOT_OPEN", "the attempt's outcome was reported UNKNOWN; do not send")
@@ -321,12 +310,13 @@ def reconcile(effect: Effect, evidence_stage: Stage, receipt: Receipt | None) ->
         known = effect.receipt
         if known is not None and receipt is not None and known.digest == receipt.digest:
             return Reconciliation((), stage, applied=False)
-        return Reconciliation(
-            (), stage, False, "CONFLICTING_OUTCOME", "the effect SUCCEEDED with a different receipt"
-        )
+        return Reconciliation((), stage, False, "CONFLICTING_OUTCOME", "the effect SUCCEEDED with a different receipt")
     if stage in DEFINITELY_NOT_APPLIED and evidence_stage == Stage.FAILED:
         return Reconciliation((), stage, applied=False)
     return Reconciliation(
-        (), stage, False, "CONFLICTING_OUTCOME",
+        (),
+        stage,
+        False,
+        "CONFLICTING_OUTCOME",
         f"the effect is {stage.value}; evidence of {evidence_stage.value} refused",
     )

@@ -119,9 +119,7 @@ def _json_depth(value: Any) -> int:
             deepest = max(deepest, level)
             if deepest > SCHEMA_DEPTH_MAX:
                 return deepest
-            stack.extend(
-                (child, level + 1) for child in (item.values() if isinstance(item, dict) else item)
-            )
+            stack.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
     return deepest
 
 
@@ -193,9 +191,7 @@ def _visit(walk: _Walk, node: dict[str, Any], where: str) -> None:
     reference = node.get("$ref")
     if reference is not None:
         if not isinstance(reference, str) or not (reference == "#" or reference.startswith("#/")):
-            walk.problem(
-                f"{where}/$ref", "must be a JSON pointer inside this document ('#' or '#/...')"
-            )
+            walk.problem(f"{where}/$ref", "must be a JSON pointer inside this document ('#' or '#/...')")
         else:
             target = unquote(reference[1:])
             walk.references.append((f"{where}/$ref", target))
@@ -220,11 +216,7 @@ def _walk(schema: Any) -> _Walk:
         _visit(walk, node, where)
         for keyword, child, pointer in _children(node, where):
             stack.append((child, pointer))
-            if (
-                keyword in IN_PLACE_SINGLE
-                or keyword in IN_PLACE_LISTED
-                or keyword == "dependentSchemas"
-            ):
+            if keyword in IN_PLACE_SINGLE or keyword in IN_PLACE_LISTED or keyword == "dependentSchemas":
                 walk.in_place.setdefault(where, []).append(pointer)
     return walk
 
@@ -273,9 +265,7 @@ def schema_problems(schema: Any) -> tuple[list[str], dict[str, Any]]:
             walk.problem(where, f"#{target[:200]} is not a subschema of this document")
     looping = _cycle(walk.in_place)
     if looping is not None:
-        walk.problem(
-            looping, "$ref leads back here without descending into the value (an endless loop)"
-        )
+        walk.problem(looping, "$ref leads back here without descending into the value (an endless loop)")
     return walk.problems, walk.patterns
 
 
@@ -329,9 +319,7 @@ class _Run:
             total = 1
             for key, child in item.items() if isinstance(item, dict) else enumerate(item):
                 total += (len(key) if isinstance(key, str) else 0) + (
-                    self.weights.get(id(child), 1)
-                    if isinstance(child, (dict, list))
-                    else self.weight(child)
+                    self.weights.get(id(child), 1) if isinstance(child, (dict, list)) else self.weight(child)
                 )
             self.weights[id(item)] = total
         return self.weights[id(value)]
@@ -385,11 +373,7 @@ def _additional(instance: dict[str, Any], schema: dict[str, Any]) -> list[str]:
     properties = schema.get("properties", {})
     run = _run()
     patterns = [run.regex(p) for p in schema.get("patternProperties", {})]
-    return [
-        key
-        for key in instance
-        if key not in properties and not any(p.search(key) is not None for p in patterns)
-    ]
+    return [key for key in instance if key not in properties and not any(p.search(key) is not None for p in patterns)]
 
 
 def _additional_properties(validator, additional, instance, schema):
@@ -544,9 +528,7 @@ def argument_violations(
             reason="ARGUMENTS_CHECK_TOO_COSTLY",
         ) from None
     except referencing.exceptions.Unresolvable as error:
-        raise _unusable(
-            subject, f"it refers to {str(error.ref)[:200]!r}, which is not part of it"
-        ) from None
+        raise _unusable(subject, f"it refers to {str(error.ref)[:200]!r}, which is not part of it") from None
     finally:
         _RUN.reset(token)
     found.sort(key=lambda e: list(map(str, e.path)))

@@ -33,9 +33,9 @@ def key_id_of(public_key: Ed25519PublicKey) -> str:
 
 
 def _public_pem(public_key: Ed25519PublicKey) -> str:
-    return public_key.public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-    ).decode("ascii")
+    return public_key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode(
+        "ascii"
+    )
 
 
 def generate() -> KeyPair:

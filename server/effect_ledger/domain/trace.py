@@ -78,6 +78,8 @@ def first_break(
         expected_revision += 1
     if expected_revision - 1 != head_revision or expected_prev != head_hash:
         return ChainBreak(
-            run_id, expected_revision, f"run head is revision {head_revision}; the chain ends at {expected_revision - 1}"
+            run_id,
+            expected_revision,
+            f"run head is revision {head_revision}; the chain ends at {expected_revision - 1}",
         )
     return None

@@ -110,9 +110,7 @@ def parse_decision(value: Any, *, engine: str, revision: str, package: str = DEC
 
 def policy_files(policy_dir: Path) -> list[Path]:
     """The .rego files a decision depends on (tests excluded), in a stable order."""
-    return sorted(
-        path for path in policy_dir.rglob("*.rego") if not path.name.endswith("_test.rego")
-    )
+    return sorted(path for path in policy_dir.rglob("*.rego") if not path.name.endswith("_test.rego"))
 
 
 def revision_of(named_texts: dict[str, bytes]) -> str:

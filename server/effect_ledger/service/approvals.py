@@ -62,9 +62,16 @@ def _ttl(requested: int, settings: ApprovalSettings) -> int:
 async def _record(unit: UnitOfWork, tenant_id: str, approval: Approval, event_type: str, principal_id: str) -> None:
     await store.append_event(unit.connection, tenant_id, approval, event_type, principal_id, unit.now)
     unit.record_event(
-        tenant_id, approval.run_id, event_type,
-        {"approval_id": approval.approval_id, "intent_digest": approval.intent_digest, "state": approval.state.value,
-         "tool": approval.tool, "tool_revision": approval.tool_revision},
+        tenant_id,
+        approval.run_id,
+        event_type,
+        {
+            "approval_id": approval.approval_id,
+            "intent_digest": approval.intent_digest,
+            "state": approval.state.value,
+            "tool": approval.tool,
+            "tool_revision": approval.tool_revision,
+        },
         principal_id,
     )
 
@@ -87,9 +94,14 @@ async def ensure_request(
     tenant = principal.tenant_id
     quorum = max(1, min(quorum, rules.QUORUM_MAX))
     await store.lock_intent(unit.connection, tenant, intent.run_id, intent.intent_digest)
-    for approval in reversed(await store.for_intent(unit.connection, tenant, intent.run_id, intent.intent_digest, lock=True)):
+    for approval in reversed(
+        await store.for_intent(unit.connection, tenant, intent.run_id, intent.intent_digest, lock=True)
+    ):
         state = approval.effective_state(unit.now)
-        if approval.tool_revision != intent.tool_revision or state not in (ApprovalState.PENDING, ApprovalState.APPROVED):
+        if approval.tool_revision != intent.tool_revision or state not in (
+            ApprovalState.PENDING,
+            ApprovalState.APPROVED,
+        ):
             continue
         if approval.quorum < quorum:
             approval.quorum = quorum
@@ -101,9 +113,7 @@ async def ensure_request(
             continue  # an approved request that policy found wanting for another reason
         return approval
     if await store.open_requests(unit.connection, tenant, unit.now, open_max) >= open_max:
-        raise quotas.exceeded(
-            "open_approval_requests", tenant, open_max, "decide, revoke or let some expire"
-        )
+        raise quotas.exceeded("open_approval_requests", tenant, open_max, "decide, revoke or let some expire")
     approval = Approval(
         approval_id=repo.new_id("apr"),
         run_id=intent.run_id,
@@ -133,7 +143,9 @@ async def request_approval(
     check_tool_name(request.tool)
     check_target(request.target)
     check_text(request.reason, "reason", required=False, lines=True)
-    arguments = parse_json(request.arguments_json, field="arguments_json", size_max_bytes=settings.arguments_size_max_bytes)
+    arguments = parse_json(
+        request.arguments_json, field="arguments_json", size_max_bytes=settings.arguments_size_max_bytes
+    )
     ttl = _ttl(request.ttl_seconds, settings)
     if await repo.get_run(unit.connection, principal.tenant_id, request.run_id) is None:
         raise NotFound("run", request.run_id)
@@ -145,11 +157,20 @@ async def request_approval(
             reason=reason,
             violations=[PreconditionViolation(reason, f"tool/{request.tool}", "no live contract")],
         )
-    digest = intent_digest(tool=request.tool, tool_revision=contract.revision, target=request.target, arguments=arguments)
+    digest = intent_digest(
+        tool=request.tool, tool_revision=contract.revision, target=request.target, arguments=arguments
+    )
     intent = Intent(request.run_id, request.tool, contract.revision, digest)
     return await ensure_request(
-        unit, principal, intent, request.target, arguments,
-        quorum=1, reusable=request.reusable, reason=request.reason, ttl_seconds=ttl,
+        unit,
+        principal,
+        intent,
+        request.target,
+        arguments,
+        quorum=1,
+        reusable=request.reusable,
+        reason=request.reason,
+        ttl_seconds=ttl,
         open_max=settings.open_requests_per_tenant_max,
     )
 
@@ -166,7 +187,9 @@ def _not_decidable(approval: Approval, state: ApprovalState) -> FailedPreconditi
     return FailedPrecondition(
         f"approval {approval.approval_id} is {state.value}",
         reason="APPROVAL_EXPIRED" if state == ApprovalState.EXPIRED else "APPROVAL_NOT_PENDING",
-        violations=[PreconditionViolation(f"APPROVAL_{state.value}", f"approval/{approval.approval_id}", f"state {state.value}")],
+        violations=[
+            PreconditionViolation(f"APPROVAL_{state.value}", f"approval/{approval.approval_id}", f"state {state.value}")
+        ],
         metadata={"state": state.value},
     )
 
@@ -245,7 +268,13 @@ async def list_approvals(
     cursor = after_id
     while len(found) < limit:
         page = await store.listed(
-            unit.connection, principal.tenant_id, run_id=run_id, state=stored_state, tool=tool, after_id=cursor, limit=limit
+            unit.connection,
+            principal.tenant_id,
+            run_id=run_id,
+            state=stored_state,
+            tool=tool,
+            after_id=cursor,
+            limit=limit,
         )
         if not page:
             break
@@ -304,8 +333,9 @@ async def consume(unit: UnitOfWork, principal: Principal, approval: Approval, at
 
 
 async def facts_for_intent(unit: UnitOfWork, principal: Principal, intent: Intent) -> list[dict[str, Any]]:
-    found = await store.for_intent(unit.connection, principal.tenant_id, intent.run_id, intent.intent_digest, lock=False)
+    found = await store.for_intent(
+        unit.connection, principal.tenant_id, intent.run_id, intent.intent_digest, lock=False
+    )
     voters = {vote.reviewer_id for approval in found for vote in approval.votes}
     authority = await store.reviewers_with_authority(unit.connection, principal.tenant_id, voters)
     return [rules.approval_fact(approval, unit.now, authority, intent, principal.principal_id) for approval in found]
-

@@ -63,9 +63,8 @@ class AttemptResult:
     effect_stage: Stage
     changed: bool
 
-def parse_receipt(
-    provider_reference: str, detail_json: bytes, now: Any, limits: Limits, field: str
-) -> Receipt:
+
+def parse_receipt(provider_reference: str, detail_json: bytes, now: Any, limits: Limits, field: str) -> Receipt:
     check_text(provider_reference, f"{field}.provider_reference", required=True, length_max=512)
     detail = parse_json(
         detail_json,
@@ -81,12 +80,15 @@ def parse_receipt(
         recorded_at=now,
     )
 
+
 def parse_lookup(reference: str, result_json: bytes, limits: Limits, field: str) -> LookupEvidence | None:
     """The structured evidence of a provider lookup, or None when the request carries none."""
     if not reference and not result_json:
         return None
     check_text(reference, f"{field}.lookup_reference", required=True, length_max=512)
-    result = parse_json(result_json, field=f"{field}.lookup_result_json", size_max_bytes=limits.receipt_detail_size_max_bytes)
+    result = parse_json(
+        result_json, field=f"{field}.lookup_result_json", size_max_bytes=limits.receipt_detail_size_max_bytes
+    )
     return LookupEvidence(reference, result)
 
 
@@ -101,6 +103,7 @@ def attempt_refusal(reason: str, message: str, attempt: Attempt) -> FailedPrecon
             "lease_expires_at": attempt.lease_expires_at.isoformat(),
         },
     )
+
 
 def report_payload(effect: Effect, attempt: Attempt, report: Report) -> dict[str, Any]:
     """What a report's trace event says, whatever becomes of it (applied, an echo, refused)."""
@@ -122,13 +125,14 @@ class AttemptReports:
     reconcile_grace_seconds: float
     policy: PolicyEngine
 
-    async def report(
-        self, unit: UnitOfWork, principal: Principal, attempt_id: str, report: Report
-    ) -> AttemptResult:
+    async def report(self, unit: UnitOfWork, principal: Principal, attempt_id: str, report: Report) -> AttemptResult:
         tenant = principal.tenant_id
         if report.usage:
             usage = budget_rules.validate_amounts(
-                report.usage, "succeeded.usage", await budgets.dimensions_for(unit, tenant, report.usage), keep_zero=True
+                report.usage,
+                "succeeded.usage",
+                await budgets.dimensions_for(unit, tenant, report.usage),
+                keep_zero=True,
             )
             report = replace(report, usage=usage)
         effect, attempt = await self._locked_attempt(unit, principal, attempt_id)
@@ -141,8 +145,11 @@ class AttemptReports:
         event_payload = report_payload(effect, attempt, report)
         if transition.refused:
             unit.record_event(
-                tenant, effect.run_id, "attempt.report_refused",
-                {**event_payload, "refused_reason": transition.refused_reason}, principal.principal_id,
+                tenant,
+                effect.run_id,
+                "attempt.report_refused",
+                {**event_payload, "refused_reason": transition.refused_reason},
+                principal.principal_id,
             )
             raise CommitThenRaise(attempt_refusal(transition.refused_reason, transition.refused_message, attempt))
         if not transition.applied:
@@ -159,17 +166,26 @@ class AttemptReports:
         await save_effect(unit, tenant, effect, [attempt, *siblings])
         await self._settle(unit, principal, effect, attempt, transition.stage, report.usage)
         unit.record_event(
-            tenant, effect.run_id, f"attempt.{transition.stage.value.lower()}",
-            {**event_payload, "stage": transition.stage.value}, principal.principal_id,
+            tenant,
+            effect.run_id,
+            f"attempt.{transition.stage.value.lower()}",
+            {**event_payload, "stage": transition.stage.value},
+            principal.principal_id,
         )
         if siblings:
             # They asked the provider for the same effect under the same key: one happened.
             # Their money is released; the success posted it once.
             await budgets.settle(unit, tenant, siblings, Settlement.VOID)
             unit.record_event(
-                tenant, effect.run_id, "attempt.deduplicated",
-                {"effect_id": effect.effect_id, "by_attempt": attempt.attempt_id,
-                 "attempts": [s.attempt_id for s in siblings], "provider_idempotency_key": attempt.provider_key},
+                tenant,
+                effect.run_id,
+                "attempt.deduplicated",
+                {
+                    "effect_id": effect.effect_id,
+                    "by_attempt": attempt.attempt_id,
+                    "attempts": [s.attempt_id for s in siblings],
+                    "provider_idempotency_key": attempt.provider_key,
+                },
                 principal.principal_id,
             )
         return AttemptResult(attempt, effect.stage, changed=True)
@@ -178,20 +194,30 @@ class AttemptReports:
         """Open attempts that share the succeeded attempt's provider key (RETRY_SAME_KEY): the
         provider deduplicates by that key, so the receipt settles them too."""
         siblings = [
-            a for a in effect.attempts
-            if a.attempt_id != succeeded.attempt_id and a.stage in OPEN_STAGES and a.provider_key == succeeded.provider_key
+            a
+            for a in effect.attempts
+            if a.attempt_id != succeeded.attempt_id
+            and a.stage in OPEN_STAGES
+            and a.provider_key == succeeded.provider_key
         ]
         for sibling in siblings:
             sibling.stage = Stage.SUCCEEDED
             sibling.finished_at = unit.now
             sibling.receipt = succeeded.receipt
-            sibling.outcome_reason = f"deduplicated by the provider under key {succeeded.provider_key} (attempt {succeeded.number})"
+            sibling.outcome_reason = (
+                f"deduplicated by the provider under key {succeeded.provider_key} (attempt {succeeded.number})"
+            )
         if siblings:
             effect.stage = lifecycle.effect_stage(effect.attempts)
         return siblings
 
     async def _settle(
-        self, unit: UnitOfWork, principal: Principal, effect: Effect, attempt: Attempt, stage: Stage,
+        self,
+        unit: UnitOfWork,
+        principal: Principal,
+        effect: Effect,
+        attempt: Attempt,
+        stage: Stage,
         usage: dict[str, int] | None,
     ) -> None:
         """The money follows the outcome: SUCCEEDED posts, a definite no voids, UNKNOWN holds."""
@@ -228,9 +254,7 @@ class AttemptReports:
         await repo.save_attempt(unit.connection, principal.tenant_id, attempt)
         return AttemptResult(attempt, effect.stage, changed=True)
 
-    async def _locked_attempt(
-        self, unit: UnitOfWork, principal: Principal, attempt_id: str
-    ) -> tuple[Effect, Attempt]:
+    async def _locked_attempt(self, unit: UnitOfWork, principal: Principal, attempt_id: str) -> tuple[Effect, Attempt]:
         check_identifier(attempt_id, "attempt_id")
         effect_id = await repo.effect_id_of_attempt(unit.connection, principal.tenant_id, attempt_id)
         if effect_id is None:
@@ -278,14 +302,19 @@ class AttemptReports:
             result = lifecycle.reconcile(effect, evidence_stage, receipt)
             if result.refused_reason:
                 unit.record_event(
-                    tenant, effect.run_id, "effect.reconcile_refused",
-                    {**payload, "refused_reason": result.refused_reason}, principal.principal_id,
+                    tenant,
+                    effect.run_id,
+                    "effect.reconcile_refused",
+                    {**payload, "refused_reason": result.refused_reason},
+                    principal.principal_id,
                 )
                 raise CommitThenRaise(
                     FailedPrecondition(
                         result.refused_message,
                         reason=result.refused_reason,
-                        violations=[PreconditionViolation(result.refused_reason, f"effect/{effect_id}", result.refused_message)],
+                        violations=[
+                            PreconditionViolation(result.refused_reason, f"effect/{effect_id}", result.refused_message)
+                        ],
                         metadata={"effect_id": effect_id, "stage": effect.stage.value},
                     )
                 )
@@ -303,8 +332,15 @@ class AttemptReports:
             else:
                 refusal, refusal_event = self._lease_wait_refusal(unit, principal, effect, pinned, settled_ids, payload)
         decision = await self._reconcile_decision(
-            unit, principal, effect, pinned, receipt, not_happened_reason, lookup,
-            settled or [a for a in effect.attempts if a.stage in OPEN_STAGES], refusal,
+            unit,
+            principal,
+            effect,
+            pinned,
+            receipt,
+            not_happened_reason,
+            lookup,
+            settled or [a for a in effect.attempts if a.stage in OPEN_STAGES],
+            refusal,
         )
         payload["decision_id"] = decision.decision_id
         if decision.outcome != Outcome.ALLOW:
@@ -316,7 +352,13 @@ class AttemptReports:
                     metadata={"effect_id": effect_id, "policy_reasons": codes},
                 )
             if refusal_event is not None:
-                unit.record_event(tenant, effect.run_id, "effect.reconcile_refused", {**refusal_event, "decision_id": decision.decision_id}, principal.principal_id)
+                unit.record_event(
+                    tenant,
+                    effect.run_id,
+                    "effect.reconcile_refused",
+                    {**refusal_event, "decision_id": decision.decision_id},
+                    principal.principal_id,
+                )
             refusal.metadata["decision_id"] = decision.decision_id
             raise CommitThenRaise(refusal)
         for attempt in settled:
@@ -348,7 +390,9 @@ class AttemptReports:
         else:
             await budgets.settle(unit, tenant, settled, Settlement.VOID)
         unit.record_event(
-            tenant, effect.run_id, "effect.reconciled",
+            tenant,
+            effect.run_id,
+            "effect.reconciled",
             {**payload, "attempts": list(settled_ids), "stage": effect.stage.value},
             principal.principal_id,
         )
@@ -370,10 +414,16 @@ class AttemptReports:
         record the decision (DENY when either refuses)."""
         refusals = [] if refusal is None else [{"code": refusal.reason, "message": refusal.message}]
         policy_input = build_reconcile_input(
-            now=unit.now, principal=principal, effect=effect, contract=pinned,
-            evidence_kind="receipt" if receipt is not None else "not_happened", reason=reason,
-            lookup_reference=lookup.reference if lookup is not None else "", has_lookup_result=lookup is not None,
-            settled=attempts, refusals=refusals,
+            now=unit.now,
+            principal=principal,
+            effect=effect,
+            contract=pinned,
+            evidence_kind="receipt" if receipt is not None else "not_happened",
+            reason=reason,
+            lookup_reference=lookup.reference if lookup is not None else "",
+            has_lookup_result=lookup is not None,
+            settled=attempts,
+            refusals=refusals,
         )
         input_bytes = canonical_bytes(policy_input)
         answer = await self.policy.evaluate(policy_input, input_bytes, RECONCILE_PACKAGE)
@@ -453,9 +503,7 @@ class AttemptReports:
         check_identifier(run_id, "run_id")
         if await repo.get_run(unit.connection, principal.tenant_id, run_id) is None:
             raise NotFound("run", run_id)
-        found = await repo.open_effects_of_run(
-            unit.connection, principal.tenant_id, run_id, after_effect_id, page_size
-        )
+        found = await repo.open_effects_of_run(unit.connection, principal.tenant_id, run_id, after_effect_id, page_size)
         return [e for e in await record_expiries(unit, principal.tenant_id, found) if e.stage in OPEN_STAGES]
 
     async def get_decision(self, unit: UnitOfWork, principal: Principal, decision_id: str) -> Decision:

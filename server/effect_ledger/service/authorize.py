@@ -81,6 +81,7 @@ class AuthorizeRequest:
     # On ALLOW the attempt starts DISPATCHED (the runtime sends right away).
     begin_dispatched: bool = False
 
+
 @dataclass(frozen=True)
 class Admission:
     effect: Effect | None
@@ -89,6 +90,7 @@ class Admission:
     reservation_ids: tuple[str, ...]
     approval_id: str
     refusal: tuple[Reason, ...] = ()
+
 
 @dataclass(frozen=True)
 class AuthorizeResult:
@@ -105,15 +107,15 @@ class AuthorizeResult:
     approval_request_id: str = ""
     reservation_ids: tuple[str, ...] = ()
 
+
 def validate_authorize(request: AuthorizeRequest, limits: Limits) -> dict[str, Any]:
     """Input checks that need no database; returns the parsed arguments."""
     check_identifier(request.run_id, "run_id")
     check_tool_name(request.tool)
     check_identifier(request.idempotency_key, "idempotency_key")
     check_target(request.target)
-    return parse_json(
-        request.arguments_json, field="arguments_json", size_max_bytes=limits.arguments_size_max_bytes
-    )
+    return parse_json(request.arguments_json, field="arguments_json", size_max_bytes=limits.arguments_size_max_bytes)
+
 
 def policy_input_of(
     now: Any,
@@ -145,9 +147,9 @@ def policy_input_of(
         verdict=facts.verdict,
         run_open_effects=run_open,
         run_open_effects_limit=limits.run_open_effects_in_policy_max,
-        target_unknown_effects=[
-            item for item in on_target if effect is None or item["effect_id"] != effect.effect_id
-        ][: limits.target_unknown_effects_in_policy_max],
+        target_unknown_effects=[item for item in on_target if effect is None or item["effect_id"] != effect.effect_id][
+            : limits.target_unknown_effects_in_policy_max
+        ],
         estimate=estimate,
         requested_estimate=request.estimate,
         budgets=[budget.as_policy_fact(estimate.get(budget.dimension, 0)) for budget in applicable],
@@ -169,7 +171,11 @@ async def decide(
     input_bytes = canonical_bytes(policy_input)
     policy_decision = await policy.evaluate(policy_input, input_bytes)
     outcome, reasons = combine(
-        facts.verdict, policy_decision.outcome, policy_decision.reasons, facts.current, facts.pinned,
+        facts.verdict,
+        policy_decision.outcome,
+        policy_decision.reasons,
+        facts.current,
+        facts.pinned,
         run_refusals(facts),
     )
     decision = Decision(
@@ -207,7 +213,9 @@ class Authorizer:
             await self._refuse_reused_key(unit, principal, request, facts.effect, facts.digest, facts.verdict)
         contract = facts.pinned or facts.current
         wanted = budget_rules.merged_estimate(request.estimate, contract.default_estimate if contract else {})
-        estimate = budget_rules.validate_amounts(wanted, "estimate", await budgets.dimensions_for(unit, principal.tenant_id, wanted))
+        estimate = budget_rules.validate_amounts(
+            wanted, "estimate", await budgets.dimensions_for(unit, principal.tenant_id, wanted)
+        )
         applicable = await budget_store.applicable_budgets(
             unit.connection, principal.tenant_id, facts.run.run_id, facts.run.root_run_id, unit.now
         )
@@ -217,19 +225,35 @@ class Authorizer:
         admitted = Admission(facts.effect, None, "", (), "")
         if outcome == Outcome.ALLOW:
             admitted = await self._admit(
-                unit, principal, request, arguments, facts, policy_decision, estimate, applicable, decision.decision_id,
+                unit,
+                principal,
+                request,
+                arguments,
+                facts,
+                policy_decision,
+                estimate,
+                applicable,
+                decision.decision_id,
                 policy_input["approvals"],
             )
             if admitted.refusal:
                 decision = replace(decision, outcome=Outcome.DENY, reasons=admitted.refusal)
             else:
                 assert admitted.effect is not None and admitted.attempt is not None, "an admission without refusal"
-                decision = replace(decision, effect_id=admitted.effect.effect_id, attempt_id=admitted.attempt.attempt_id)
+                decision = replace(
+                    decision, effect_id=admitted.effect.effect_id, attempt_id=admitted.attempt.attempt_id
+                )
         elif outcome == Outcome.REQUIRE_APPROVAL:
             requested = await approvals.ensure_request(
-                unit, principal, facts.intent, request.target, arguments,
-                quorum=policy_decision.quorum, reusable=False,
-                reason="the gate answered REQUIRE_APPROVAL", ttl_seconds=self.approval_settings.ttl_seconds_default,
+                unit,
+                principal,
+                facts.intent,
+                request.target,
+                arguments,
+                quorum=policy_decision.quorum,
+                reusable=False,
+                reason="the gate answered REQUIRE_APPROVAL",
+                ttl_seconds=self.approval_settings.ttl_seconds_default,
                 open_max=self.approval_settings.open_requests_per_tenant_max,
             )
             admitted = replace(admitted, approval_request_id=requested.approval_id)
@@ -291,11 +315,24 @@ class Authorizer:
         intent = Intent(run.run_id, request.tool, revision, digest)
         obligations = tuple(await checkpoint_store.outstanding_obligations(connection, tenant, run.run_id))
         return IntentFacts(
-            run, effect, current, pinned if effect is not None else current, revision, digest, verdict, intent, obligations
+            run,
+            effect,
+            current,
+            pinned if effect is not None else current,
+            revision,
+            digest,
+            verdict,
+            intent,
+            obligations,
         )
 
     async def _ancestor_verdict(
-        self, unit: UnitOfWork, tenant: str, run: Run, request: AuthorizeRequest, arguments: dict[str, Any],
+        self,
+        unit: UnitOfWork,
+        tenant: str,
+        run: Run,
+        request: AuthorizeRequest,
+        arguments: dict[str, Any],
         verdict: LedgerVerdict,
     ) -> tuple[Effect | None, LedgerVerdict]:
         """A fork sees the effects of the runs it came from and never re-executes them."""
@@ -305,8 +342,14 @@ class Authorizer:
             chain.append(current_run.parent_run_id)
             current_run = await repo.get_run(unit.connection, tenant, current_run.parent_run_id)
         found = await checkpoint_store.ancestor_effect(
-            unit.connection, tenant, chain, request.tool, request.target,
-            lambda revision: intent_digest(tool=request.tool, tool_revision=revision, target=request.target, arguments=arguments),
+            unit.connection,
+            tenant,
+            chain,
+            request.tool,
+            request.target,
+            lambda revision: intent_digest(
+                tool=request.tool, tool_revision=revision, target=request.target, arguments=arguments
+            ),
         )
         if found is None:
             return None, verdict
@@ -334,12 +377,26 @@ class Authorizer:
         applicable: list[Budget],
     ) -> dict[str, Any]:
         run_open, on_target = await repo.effects_for_policy(
-            unit.connection, principal.tenant_id, facts.run.run_id, request.tool, request.target,
-            self.limits.run_open_effects_in_policy_max, self.limits.target_unknown_effects_in_policy_max + 1,
+            unit.connection,
+            principal.tenant_id,
+            facts.run.run_id,
+            request.tool,
+            request.target,
+            self.limits.run_open_effects_in_policy_max,
+            self.limits.target_unknown_effects_in_policy_max + 1,
         )
         return policy_input_of(
-            unit.now, principal, request, arguments, facts, estimate, applicable, run_open, on_target,
-            await approvals.facts_for_intent(unit, principal, facts.intent), self.limits,
+            unit.now,
+            principal,
+            request,
+            arguments,
+            facts,
+            estimate,
+            applicable,
+            run_open,
+            on_target,
+            await approvals.facts_for_intent(unit, principal, facts.intent),
+            self.limits,
         )
 
     async def _admit(
@@ -360,7 +417,9 @@ class Authorizer:
         assert facts.pinned is not None  # combine() never allows without a contract
         approval = None
         if policy_decision.approval_id:
-            approval, problems = await approvals.usable_approval(unit, principal, policy_decision.approval_id, facts.intent)
+            approval, problems = await approvals.usable_approval(
+                unit, principal, policy_decision.approval_id, facts.intent
+            )
             if problems:
                 seen = next((a for a in approval_facts if a["approval_id"] == policy_decision.approval_id), None)
                 if seen is not None and not seen["binding_problems"]:
@@ -369,7 +428,14 @@ class Authorizer:
                     # answer comes from what that transaction committed.
                     raise Conflict("the approval changed concurrently")
                 refusal = tuple(Reason(code, f"approval {policy_decision.approval_id}") for code in problems)
-                return Admission(facts.effect, None, "", (), "", (Reason("APPROVAL_INVALID", "the approval policy relied on does not bind this intent"),) + refusal)
+                return Admission(
+                    facts.effect,
+                    None,
+                    "",
+                    (),
+                    "",
+                    (Reason("APPROVAL_INVALID", "the approval policy relied on does not bind this intent"),) + refusal,
+                )
         effect_id = facts.effect.effect_id if facts.effect is not None else repo.new_id("eff")
         attempt_id = repo.new_id("att")
         reservation_ids, exhausted = await budgets.reserve(
@@ -377,12 +443,26 @@ class Authorizer:
         )
         if exhausted is not None:
             return Admission(
-                facts.effect, None, "", (), "",
+                facts.effect,
+                None,
+                "",
+                (),
+                "",
                 (Reason("BUDGET_EXHAUSTED", f"dimension {exhausted}: the estimate does not fit in the budget"),),
             )
         effect, attempt = await self._create_attempt(
-            unit, principal, request, arguments, facts.digest, facts.pinned, facts.effect, facts.verdict,
-            decision_id, effect_id, attempt_id, approval.approval_id if approval else "",
+            unit,
+            principal,
+            request,
+            arguments,
+            facts.digest,
+            facts.pinned,
+            facts.effect,
+            facts.verdict,
+            decision_id,
+            effect_id,
+            attempt_id,
+            approval.approval_id if approval else "",
         )
         if approval is not None and not (approval.reusable and policy_decision.reuse_approval):
             await approvals.consume(unit, principal, approval, attempt.attempt_id)
@@ -400,7 +480,11 @@ class Authorizer:
         """Record the refusal, commit it, and answer FAILED_PRECONDITION: never ALLOW."""
         assert effect is not None
         decision_id = repo.new_id("dec")
-        facts = {"idempotency_key": request.idempotency_key, "bound_digest": effect.intent_digest, "request_digest": digest}
+        facts = {
+            "idempotency_key": request.idempotency_key,
+            "bound_digest": effect.intent_digest,
+            "request_digest": digest,
+        }
         input_bytes = canonical_bytes(facts)
         await repo.insert_decision(
             unit.connection,
@@ -434,7 +518,11 @@ class Authorizer:
                         f"key {request.idempotency_key!r} is bound to digest {effect.intent_digest}",
                     )
                 ],
-                metadata={"effect_id": effect.effect_id, "decision_id": decision_id, "bound_digest": effect.intent_digest},
+                metadata={
+                    "effect_id": effect.effect_id,
+                    "decision_id": decision_id,
+                    "bound_digest": effect.intent_digest,
+                },
             )
         )
 

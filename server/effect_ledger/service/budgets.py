@@ -121,9 +121,17 @@ async def record_usage(unit: UnitOfWork, principal: Principal, report: UsageRepo
             return existing, applicable
     usage_id = repo.new_id("use")
     await store.insert_usage(
-        unit.connection, tenant, usage_id=usage_id, run_id=run.run_id, provider=report.provider,
-        model=report.model, segment=report.segment, usage=usage, request_id=report.request_id or None,
-        principal_id=principal.principal_id, now=unit.now,
+        unit.connection,
+        tenant,
+        usage_id=usage_id,
+        run_id=run.run_id,
+        provider=report.provider,
+        model=report.model,
+        segment=report.segment,
+        usage=usage,
+        request_id=report.request_id or None,
+        principal_id=principal.principal_id,
+        now=unit.now,
     )
     for budget in sorted(applicable, key=lambda b: b.budget_id):
         amount = usage.get(budget.dimension, 0)
@@ -133,8 +141,16 @@ async def record_usage(unit: UnitOfWork, principal: Principal, report: UsageRepo
             ):
                 raise _overflow(f"usage[{budget.dimension!r}]")
     unit.record_event(
-        tenant, run.run_id, "usage.recorded",
-        {"usage_id": usage_id, "provider": report.provider, "model": report.model, "segment": report.segment, "usage": usage},
+        tenant,
+        run.run_id,
+        "usage.recorded",
+        {
+            "usage_id": usage_id,
+            "provider": report.provider,
+            "model": report.model,
+            "segment": report.segment,
+            "usage": usage,
+        },
         principal.principal_id,
     )
     return usage_id, await store.applicable_budgets(unit.connection, tenant, run.run_id, run.root_run_id, unit.now)
@@ -144,7 +160,12 @@ async def record_usage(unit: UnitOfWork, principal: Principal, report: UsageRepo
 
 
 async def reserve(
-    unit: UnitOfWork, tenant_id: str, applicable: list[Budget], estimate: dict[str, int], attempt_id: str, effect_id: str
+    unit: UnitOfWork,
+    tenant_id: str,
+    applicable: list[Budget],
+    estimate: dict[str, int],
+    attempt_id: str,
+    effect_id: str,
 ) -> tuple[list[str], str | None]:
     """Reserve the estimate in every applicable budget; (reservation ids, exhausted dimension).
 
@@ -163,8 +184,18 @@ async def reserve(
         await store.insert_reservation(
             unit.connection,
             tenant_id,
-            Reservation(reservation_id, budget.budget_id, attempt_id, effect_id, budget.dimension, amount,
-                        ReservationState.PENDING, 0, unit.now, None),
+            Reservation(
+                reservation_id,
+                budget.budget_id,
+                attempt_id,
+                effect_id,
+                budget.dimension,
+                amount,
+                ReservationState.PENDING,
+                0,
+                unit.now,
+                None,
+            ),
         )
         reservation_ids.append(reservation_id)
     await savepoint.commit()
@@ -185,14 +216,22 @@ async def settle(
         else:
             posted = 0
             state = ReservationState.VOIDED if how == Settlement.VOID else ReservationState.EXPIRED
-        if await store.settle_reservation(unit.connection, tenant_id, reservation.reservation_id, state, posted, unit.now):
+        if await store.settle_reservation(
+            unit.connection, tenant_id, reservation.reservation_id, state, posted, unit.now
+        ):
             if not await store.move(
-                unit.connection, tenant_id, reservation.budget_id,
-                pending_delta=-reservation.amount, posted_delta=posted, now=unit.now,
+                unit.connection,
+                tenant_id,
+                reservation.budget_id,
+                pending_delta=-reservation.amount,
+                posted_delta=posted,
+                now=unit.now,
             ):
                 reported = usage is not None and reservation.dimension in usage
                 raise _overflow(
-                    f"succeeded.usage[{reservation.dimension!r}]" if reported else f"estimate[{reservation.dimension!r}]"
+                    f"succeeded.usage[{reservation.dimension!r}]"
+                    if reported
+                    else f"estimate[{reservation.dimension!r}]"
                 )
     return pending
 
@@ -208,8 +247,14 @@ async def post_unreserved_usage(
     assert run is not None
     for budget in await store.applicable_budgets(unit.connection, tenant_id, run.run_id, run.root_run_id, unit.now):
         if extra.get(budget.dimension):
-            if not await store.move(unit.connection, tenant_id, budget.budget_id, pending_delta=0,
-                                    posted_delta=extra[budget.dimension], now=unit.now):
+            if not await store.move(
+                unit.connection,
+                tenant_id,
+                budget.budget_id,
+                pending_delta=0,
+                posted_delta=extra[budget.dimension],
+                now=unit.now,
+            ):
                 raise _overflow(f"succeeded.usage[{budget.dimension!r}]")
 
 
@@ -221,6 +266,15 @@ def _overflow(field: str) -> InvalidArgument:
 async def post_expired_estimates(unit: UnitOfWork, tenant_id: str, attempts: list[Attempt]) -> None:
     """An attempt whose reservation expired (never dispatched, lease ran out) turned out to have
     happened after all: its estimate is posted as a fact (the reservation stays EXPIRED)."""
-    for reservation in await store.expired_reservations_of_attempts(unit.connection, tenant_id, [a.attempt_id for a in attempts]):
-        if not await store.move(unit.connection, tenant_id, reservation.budget_id, pending_delta=0, posted_delta=reservation.amount, now=unit.now):
+    for reservation in await store.expired_reservations_of_attempts(
+        unit.connection, tenant_id, [a.attempt_id for a in attempts]
+    ):
+        if not await store.move(
+            unit.connection,
+            tenant_id,
+            reservation.budget_id,
+            pending_delta=0,
+            posted_delta=reservation.amount,
+            now=unit.now,
+        ):
             raise _overflow(f"estimate[{reservation.dimension!r}]")

@@ -74,7 +74,11 @@ def _effect_section(effect: Effect, contracts: dict[tuple[str, int], dict[str, A
                 "outcome_reason": a.outcome_reason,
                 "failure_evidence": a.failure_evidence.value if a.failure_evidence else None,
                 "receipt": (
-                    {"provider_reference": a.receipt.provider_reference, "detail": a.receipt.detail, "digest": a.receipt.digest}
+                    {
+                        "provider_reference": a.receipt.provider_reference,
+                        "detail": a.receipt.detail,
+                        "digest": a.receipt.digest,
+                    }
                     if a.receipt
                     else None
                 ),
@@ -97,13 +101,19 @@ async def ledger_sections(unit: UnitOfWork, tenant_id: str, run: Any, policy: Po
         pinned = await repo.contract_revision(connection, tenant_id, tool, revision)
         current = await repo.latest_contract(connection, tenant_id, tool)
         contracts[(tool, revision)] = pinned.as_policy_fact() if pinned else None  # type: ignore[assignment]
-        tools_section.setdefault(tool, {"pinned_revisions": [], "current": current.as_policy_fact() if current else None})
+        tools_section.setdefault(
+            tool, {"pinned_revisions": [], "current": current.as_policy_fact() if current else None}
+        )
         tools_section[tool]["pinned_revisions"].append(revision)
     open_effects = [_effect_section(e, contracts) for e in found if e.stage in OPEN_STAGES]
     settled = [
         {
-            "effect_id": e.effect_id, "tool": e.tool, "target": e.target, "idempotency_key": e.idempotency_key,
-            "intent_digest": e.intent_digest, "stage": e.stage.value,
+            "effect_id": e.effect_id,
+            "tool": e.tool,
+            "target": e.target,
+            "idempotency_key": e.idempotency_key,
+            "intent_digest": e.intent_digest,
+            "stage": e.stage.value,
             "receipt_digest": e.receipt.digest if e.receipt else None,
         }
         for e in found
@@ -115,33 +125,58 @@ async def ledger_sections(unit: UnitOfWork, tenant_id: str, run: Any, policy: Po
     grouped: dict[str, list[dict[str, Any]]] = {"pending": [], "active": [], "denied": []}
     for approval in approvals:
         state = approval.effective_state(unit.now)
-        key = {ApprovalState.PENDING: "pending", ApprovalState.APPROVED: "active", ApprovalState.DENIED: "denied"}.get(state)
+        key = {ApprovalState.PENDING: "pending", ApprovalState.APPROVED: "active", ApprovalState.DENIED: "denied"}.get(
+            state
+        )
         if key is None:
             continue
         grouped[key].append(
             {
-                "approval_id": approval.approval_id, "tool": approval.tool, "tool_revision": approval.tool_revision,
-                "target": approval.target, "intent_digest": approval.intent_digest, "state": state.value,
-                "quorum": approval.quorum, "reusable": approval.reusable, "requested_by": approval.requested_by,
+                "approval_id": approval.approval_id,
+                "tool": approval.tool,
+                "tool_revision": approval.tool_revision,
+                "target": approval.target,
+                "intent_digest": approval.intent_digest,
+                "state": state.value,
+                "quorum": approval.quorum,
+                "reusable": approval.reusable,
+                "requested_by": approval.requested_by,
                 "expires_at": timestamp_text(approval.expires_at),
-                "votes": [{"reviewer_id": v.reviewer_id, "approve": v.approve, "comment": v.comment} for v in approval.votes],
+                "votes": [
+                    {"reviewer_id": v.reviewer_id, "approve": v.approve, "comment": v.comment} for v in approval.votes
+                ],
             }
         )
     applicable = await budget_store.applicable_budgets(connection, tenant_id, run.run_id, run.root_run_id, unit.now)
-    reservations = await budget_store.open_reservations(connection, tenant_id, [b.budget_id for b in applicable], SECTION_ROWS_MAX)
+    reservations = await budget_store.open_reservations(
+        connection, tenant_id, [b.budget_id for b in applicable], SECTION_ROWS_MAX
+    )
     run_attempts = {a.attempt_id for e in found for a in e.attempts}
     return {
         "effects": {"open": open_effects, "settled": settled},
         "approvals": grouped,
         "budgets": {
             "budgets": [
-                {"budget_id": b.budget_id, "scope": b.scope.value, "scope_id": b.scope_id, "dimension": b.dimension,
-                 "limit": b.limit, "posted": b.posted, "pending": b.pending}
+                {
+                    "budget_id": b.budget_id,
+                    "scope": b.scope.value,
+                    "scope_id": b.scope_id,
+                    "dimension": b.dimension,
+                    "limit": b.limit,
+                    "posted": b.posted,
+                    "pending": b.pending,
+                }
                 for b in applicable
             ],
             "open_reservations": [
-                {"reservation_id": r.reservation_id, "budget_id": r.budget_id, "attempt_id": r.attempt_id,
-                 "effect_id": r.effect_id, "dimension": r.dimension, "amount": r.amount}
+                {
+                    "reservation_id": r.reservation_id,
+                    "budget_id": r.budget_id,
+                    "attempt_id": r.attempt_id,
+                    "effect_id": r.effect_id,
+                    "dimension": r.dimension,
+                    "amount": r.amount,
+                }
                 for r in reservations
                 if r.attempt_id in run_attempts
             ],
@@ -169,7 +204,8 @@ async def _require_complete(unit: UnitOfWork, tenant_id: str, refs: list[Artifac
         status = statuses.get(ref.digest)
         if status != ArtifactStatus.COMPLETE:
             raise _refused(
-                "ARTIFACT_INCOMPLETE", f"artifact/{ref.name}",
+                "ARTIFACT_INCOMPLETE",
+                f"artifact/{ref.name}",
                 f"artifact {ref.name} ({ref.digest}) is {'unknown' if status is None else status.value}; "
                 "an artifact that is not complete cannot be claimed",
                 artifact=ref.name,
@@ -195,7 +231,8 @@ async def seal(unit: UnitOfWork, principal: Principal, request: SealRequest, pol
         raise NotFound("run", request.run_id)
     if head.revision != request.expected_revision:
         raise _refused(
-            "REVISION_MOVED", f"run/{request.run_id}",
+            "REVISION_MOVED",
+            f"run/{request.run_id}",
             f"the run is at revision {head.revision}, not {request.expected_revision}",
             current_revision=str(head.revision),
         )
@@ -205,27 +242,51 @@ async def seal(unit: UnitOfWork, principal: Principal, request: SealRequest, pol
     ledger = await ledger_sections(unit, tenant, run, policy)
     checkpoint_id = repo.new_id("chk")
     manifest = rules.build_manifest(
-        tenant_id=tenant, run_id=run.run_id, checkpoint_id=checkpoint_id, revision=head.revision, state=state,
-        artifacts=request.artifacts, ledger=ledger, policy_revision=ledger["policy"]["revision"],
+        tenant_id=tenant,
+        run_id=run.run_id,
+        checkpoint_id=checkpoint_id,
+        revision=head.revision,
+        state=state,
+        artifacts=request.artifacts,
+        ledger=ledger,
+        policy_revision=ledger["policy"]["revision"],
         sealed_at=timestamp_text(unit.now),
     )
     record = CheckpointRecord(
-        checkpoint_id=checkpoint_id, run_id=run.run_id, revision=head.revision, status="SEALED",
-        format_version=rules.FORMAT_VERSION, state=state, artifacts=request.artifacts, ledger=ledger,
-        manifest=manifest, manifest_digest=rules.section_digest(manifest), facts=request.facts,
-        policy_revision=ledger["policy"]["revision"], sealed_by=principal.principal_id, sealed_at=unit.now,
+        checkpoint_id=checkpoint_id,
+        run_id=run.run_id,
+        revision=head.revision,
+        status="SEALED",
+        format_version=rules.FORMAT_VERSION,
+        state=state,
+        artifacts=request.artifacts,
+        ledger=ledger,
+        manifest=manifest,
+        manifest_digest=rules.section_digest(manifest),
+        facts=request.facts,
+        policy_revision=ledger["policy"]["revision"],
+        sealed_by=principal.principal_id,
+        sealed_at=unit.now,
     )
     await store.insert_checkpoint(unit.connection, tenant, record)
     unit.record_event(
-        tenant, run.run_id, "checkpoint.sealed",
-        {"checkpoint_id": checkpoint_id, "manifest_digest": record.manifest_digest, "at_revision": head.revision,
-         "open_effects": [e["effect_id"] for e in ledger["effects"]["open"]]},
+        tenant,
+        run.run_id,
+        "checkpoint.sealed",
+        {
+            "checkpoint_id": checkpoint_id,
+            "manifest_digest": record.manifest_digest,
+            "at_revision": head.revision,
+            "open_effects": [e["effect_id"] for e in ledger["effects"]["open"]],
+        },
         principal.principal_id,
     )
     return record
 
 
-async def _checkpoint(unit: UnitOfWork, principal: Principal, checkpoint_id: str, *, lock: bool = False) -> CheckpointRecord:
+async def _checkpoint(
+    unit: UnitOfWork, principal: Principal, checkpoint_id: str, *, lock: bool = False
+) -> CheckpointRecord:
     check_identifier(checkpoint_id, "checkpoint_id")
     record = await store.get_checkpoint(unit.connection, principal.tenant_id, checkpoint_id, lock=lock)
     if record is None:
@@ -245,7 +306,8 @@ async def register(unit: UnitOfWork, principal: Principal, checkpoint_id: str, f
         raise _refused("ALREADY_REGISTERED", f"checkpoint/{checkpoint_id}", "a registered checkpoint is frozen")
     if record.format_version != rules.FORMAT_VERSION:
         raise _refused(
-            "FORMAT_NOT_CURRENT", f"checkpoint/{checkpoint_id}",
+            "FORMAT_NOT_CURRENT",
+            f"checkpoint/{checkpoint_id}",
             f"format {record.format_version} must be migrated first (import derives a current checkpoint)",
         )
     if record.manifest.get("tenant_id") != principal.tenant_id or record.manifest.get("run_id") != record.run_id:
@@ -253,14 +315,23 @@ async def register(unit: UnitOfWork, principal: Principal, checkpoint_id: str, f
     problems = rules.manifest_problems(record.manifest, record.state, record.ledger, record.artifacts)
     if problems or rules.section_digest(record.manifest) != record.manifest_digest:
         component = problems[0] if problems else "manifest"
-        raise _refused("DIGEST_MISMATCH", f"checkpoint/{checkpoint_id}/{component}", f"{component} does not match its digest")
+        raise _refused(
+            "DIGEST_MISMATCH", f"checkpoint/{checkpoint_id}/{component}", f"{component} does not match its digest"
+        )
     if not record.policy_revision:
-        raise _refused("POLICY_IDENTITY_MISSING", f"checkpoint/{checkpoint_id}", "the checkpoint names no policy revision")
-    await _require_complete(unit, principal.tenant_id, [r for r in record.artifacts if r.classification == rules.ArtifactClass.REQUIRED])
+        raise _refused(
+            "POLICY_IDENTITY_MISSING", f"checkpoint/{checkpoint_id}", "the checkpoint names no policy revision"
+        )
+    await _require_complete(
+        unit, principal.tenant_id, [r for r in record.artifacts if r.classification == rules.ArtifactClass.REQUIRED]
+    )
     await store.register(unit.connection, principal.tenant_id, checkpoint_id, facts, principal.principal_id, unit.now)
     unit.record_event(
-        principal.tenant_id, record.run_id, "checkpoint.registered",
-        {"checkpoint_id": checkpoint_id, "facts": facts.as_json()}, principal.principal_id,
+        principal.tenant_id,
+        record.run_id,
+        "checkpoint.registered",
+        {"checkpoint_id": checkpoint_id, "facts": facts.as_json()},
+        principal.principal_id,
     )
     return await _checkpoint(unit, principal, checkpoint_id)
 
@@ -269,7 +340,9 @@ async def get(unit: UnitOfWork, principal: Principal, checkpoint_id: str) -> Che
     return await _checkpoint(unit, principal, checkpoint_id)
 
 
-async def list_for_run(unit: UnitOfWork, principal: Principal, run_id: str, after_id: str, limit: int) -> list[CheckpointRecord]:
+async def list_for_run(
+    unit: UnitOfWork, principal: Principal, run_id: str, after_id: str, limit: int
+) -> list[CheckpointRecord]:
     check_identifier(run_id, "run_id")
     if await repo.get_run(unit.connection, principal.tenant_id, run_id) is None:
         raise NotFound("run", run_id)
@@ -279,7 +352,9 @@ async def list_for_run(unit: UnitOfWork, principal: Principal, run_id: str, afte
 # --- compatibility, resume, fork -----------------------------------------------------------
 
 
-async def check(unit: UnitOfWork, principal: Principal, checkpoint_id: str, current: Facts) -> rules.CompatibilityVerdict:
+async def check(
+    unit: UnitOfWork, principal: Principal, checkpoint_id: str, current: Facts
+) -> rules.CompatibilityVerdict:
     rules.check_facts(current, "current")
     record = await _checkpoint(unit, principal, checkpoint_id)
     statuses = await store.artifact_statuses(unit.connection, principal.tenant_id, [r.digest for r in record.artifacts])
@@ -324,7 +399,9 @@ async def resume(
 ) -> ResumeResult:
     """Continue the same run under a new configuration: knowledge restored, authority current."""
     check_text(reason, "reason", required=True, lines=True)
-    for field, value in zip(("configuration.provider", "configuration.model", "configuration.adapter"), configuration, strict=True):
+    for field, value in zip(
+        ("configuration.provider", "configuration.model", "configuration.adapter"), configuration, strict=True
+    ):
         check_text(value, field, required=False, length_max=128)
     if context_manifest_digest:
         rules.check_digest(context_manifest_digest, "context_manifest_digest")
@@ -335,22 +412,42 @@ async def resume(
         raise FailedPrecondition(
             f"checkpoint {checkpoint_id} is not resumable: {first.fact}: {first.reason}",
             reason="CHECKPOINT_INCOMPATIBLE",
-            violations=[PreconditionViolation("INCOMPATIBLE", p.fact, p.reason) for p in verdict.problems if not p.degraded_only],
+            violations=[
+                PreconditionViolation("INCOMPATIBLE", p.fact, p.reason) for p in verdict.problems if not p.degraded_only
+            ],
             metadata={"checkpoint_id": checkpoint_id},
         )
     head = await store.lock_run_head(unit.connection, principal.tenant_id, record.run_id)
     assert head is not None, "a checkpoint's run exists"
     segment = head.segment + 1
-    open_effects = [e for e in await repo.run_effects(unit.connection, principal.tenant_id, record.run_id, SECTION_ROWS_MAX) if e.stage in OPEN_STAGES]
+    open_effects = [
+        e
+        for e in await repo.run_effects(unit.connection, principal.tenant_id, record.run_id, SECTION_ROWS_MAX)
+        if e.stage in OPEN_STAGES
+    ]
     for effect in open_effects:
         expired_in_memory(effect, unit.now)
-    await store.add_obligations(unit.connection, principal.tenant_id, record.run_id, [e.effect_id for e in open_effects], checkpoint_id, unit.now)
+    await store.add_obligations(
+        unit.connection,
+        principal.tenant_id,
+        record.run_id,
+        [e.effect_id for e in open_effects],
+        checkpoint_id,
+        unit.now,
+    )
     await store.set_configuration(unit.connection, principal.tenant_id, record.run_id, segment, configuration)
     unit.record_event(
-        principal.tenant_id, record.run_id, "run.configuration_transition",
+        principal.tenant_id,
+        record.run_id,
+        "run.configuration_transition",
         {
             "old": {"provider": head.provider, "model": head.model, "adapter": head.adapter, "segment": head.segment},
-            "new": {"provider": configuration[0], "model": configuration[1], "adapter": configuration[2], "segment": segment},
+            "new": {
+                "provider": configuration[0],
+                "model": configuration[1],
+                "adapter": configuration[2],
+                "segment": segment,
+            },
             "reason": reason,
             "checkpoint_id": checkpoint_id,
             "context_manifest_digest": context_manifest_digest,
@@ -372,17 +469,36 @@ async def fork(unit: UnitOfWork, principal: Principal, checkpoint_id: str, world
     assert parent is not None, "a checkpoint's run exists"
     run_id = repo.new_id("run")
     await repo.insert_run(
-        unit.connection, tenant_id=principal.tenant_id, run_id=run_id, created_by=principal.principal_id, now=unit.now,
-        labels=parent.labels, request_id=None, parent_run_id=parent.run_id, root_run_id=parent.root_run_id,
-        world=world, forked_from_checkpoint=checkpoint_id, configuration=(parent.provider, parent.model, parent.adapter),
+        unit.connection,
+        tenant_id=principal.tenant_id,
+        run_id=run_id,
+        created_by=principal.principal_id,
+        now=unit.now,
+        labels=parent.labels,
+        request_id=None,
+        parent_run_id=parent.run_id,
+        root_run_id=parent.root_run_id,
+        world=world,
+        forked_from_checkpoint=checkpoint_id,
+        configuration=(parent.provider, parent.model, parent.adapter),
     )
     unit.record_event(
-        principal.tenant_id, run_id, "run.forked",
-        {"parent_run_id": parent.run_id, "checkpoint_id": checkpoint_id, "at_revision": record.revision, "world": world, "difference": difference},
+        principal.tenant_id,
+        run_id,
+        "run.forked",
+        {
+            "parent_run_id": parent.run_id,
+            "checkpoint_id": checkpoint_id,
+            "at_revision": record.revision,
+            "world": world,
+            "difference": difference,
+        },
         principal.principal_id,
     )
     unit.record_event(
-        principal.tenant_id, parent.run_id, "run.fork_created",
+        principal.tenant_id,
+        parent.run_id,
+        "run.fork_created",
         {"child_run_id": run_id, "checkpoint_id": checkpoint_id, "world": world, "difference": difference},
         principal.principal_id,
     )
@@ -450,7 +566,10 @@ async def import_archive(
     if expected_manifest_digest:
         rules.check_digest(expected_manifest_digest, "expected_manifest_digest")
     verified = rules.verify_archive(
-        data, tenant_id=principal.tenant_id, trusted_keys=await trusted_keys(unit, keys), allow_unsigned=allow_unsigned,
+        data,
+        tenant_id=principal.tenant_id,
+        trusted_keys=await trusted_keys(unit, keys),
+        allow_unsigned=allow_unsigned,
         expected_manifest_digest=expected_manifest_digest,
     )
     signer = verified.signer
@@ -470,7 +589,9 @@ async def import_archive(
             raise FailedPrecondition(
                 f"the archive {what}: it may only create a new run, and run {run_id} exists",
                 reason="UNSIGNED_IMPORT_INTO_EXISTING_RUN",
-                violations=[PreconditionViolation("UNSIGNED_IMPORT_INTO_EXISTING_RUN", "manifest.json: run_id", run_id)],
+                violations=[
+                    PreconditionViolation("UNSIGNED_IMPORT_INTO_EXISTING_RUN", "manifest.json: run_id", run_id)
+                ],
                 metadata={"run_id": run_id, "component": "manifest.json"},
             )
     manifest = verified.manifest
@@ -479,48 +600,95 @@ async def import_archive(
     digest = rules.section_digest({**manifest})
     if await repo.get_run(unit.connection, tenant, run_id) is None:
         await repo.insert_run(
-            unit.connection, tenant_id=tenant, run_id=run_id, created_by=principal.principal_id, now=unit.now,
-            labels={}, request_id=None,
+            unit.connection,
+            tenant_id=tenant,
+            run_id=run_id,
+            created_by=principal.principal_id,
+            now=unit.now,
+            labels={},
+            request_id=None,
         )
         unit.record_event(
-            tenant, run_id, "run.imported",
+            tenant,
+            run_id,
+            "run.imported",
             {"manifest_digest": digest, "checkpoint_id": manifest["checkpoint_id"], "signed_by": signer or ""},
             principal.principal_id,
         )
     original = CheckpointRecord(
-        checkpoint_id=repo.new_id("chk"), run_id=run_id, revision=int(manifest["revision"]), status="SEALED",
-        format_version=int(manifest["format_version"]), state=verified.state, artifacts=verified.artifacts,
-        ledger=verified.ledger, manifest=manifest, manifest_digest=digest, facts=Facts(),
-        policy_revision=str(manifest.get("policy_revision", "")), sealed_by=principal.principal_id,
-        sealed_at=unit.now, imported_from_digest=digest,
+        checkpoint_id=repo.new_id("chk"),
+        run_id=run_id,
+        revision=int(manifest["revision"]),
+        status="SEALED",
+        format_version=int(manifest["format_version"]),
+        state=verified.state,
+        artifacts=verified.artifacts,
+        ledger=verified.ledger,
+        manifest=manifest,
+        manifest_digest=digest,
+        facts=Facts(),
+        policy_revision=str(manifest.get("policy_revision", "")),
+        sealed_by=principal.principal_id,
+        sealed_at=unit.now,
+        imported_from_digest=digest,
     )
     await store.insert_checkpoint(unit.connection, tenant, original)
     unit.record_event(
-        tenant, run_id, "checkpoint.imported",
-        {"checkpoint_id": original.checkpoint_id, "manifest_digest": digest, "format_version": original.format_version,
-         "signed_by": signer or ""},
+        tenant,
+        run_id,
+        "checkpoint.imported",
+        {
+            "checkpoint_id": original.checkpoint_id,
+            "manifest_digest": digest,
+            "format_version": original.format_version,
+            "signed_by": signer or "",
+        },
         principal.principal_id,
     )
     if original.format_version == rules.FORMAT_VERSION:
         return original
     derived_id = repo.new_id("chk")
     derived_manifest = rules.build_manifest(
-        tenant_id=tenant, run_id=run_id, checkpoint_id=derived_id, revision=original.revision, state=verified.state,
-        artifacts=verified.artifacts, ledger=ledger, policy_revision=original.policy_revision,
+        tenant_id=tenant,
+        run_id=run_id,
+        checkpoint_id=derived_id,
+        revision=original.revision,
+        state=verified.state,
+        artifacts=verified.artifacts,
+        ledger=ledger,
+        policy_revision=original.policy_revision,
         sealed_at=timestamp_text(unit.now),
     )
     derived = CheckpointRecord(
-        checkpoint_id=derived_id, run_id=run_id, revision=original.revision, status="SEALED",
-        format_version=rules.FORMAT_VERSION, state=verified.state, artifacts=verified.artifacts, ledger=ledger,
-        manifest=derived_manifest, manifest_digest=rules.section_digest(derived_manifest), facts=Facts(),
-        policy_revision=original.policy_revision, sealed_by=principal.principal_id, sealed_at=unit.now,
-        derived_from=original.checkpoint_id, imported_from_digest=digest,
+        checkpoint_id=derived_id,
+        run_id=run_id,
+        revision=original.revision,
+        status="SEALED",
+        format_version=rules.FORMAT_VERSION,
+        state=verified.state,
+        artifacts=verified.artifacts,
+        ledger=ledger,
+        manifest=derived_manifest,
+        manifest_digest=rules.section_digest(derived_manifest),
+        facts=Facts(),
+        policy_revision=original.policy_revision,
+        sealed_by=principal.principal_id,
+        sealed_at=unit.now,
+        derived_from=original.checkpoint_id,
+        imported_from_digest=digest,
     )
     await store.insert_checkpoint(unit.connection, tenant, derived)
     unit.record_event(
-        tenant, run_id, "checkpoint.migrated",
-        {"checkpoint_id": derived_id, "derived_from": original.checkpoint_id, "from_format": original.format_version,
-         "to_format": rules.FORMAT_VERSION, "notes": notes},
+        tenant,
+        run_id,
+        "checkpoint.migrated",
+        {
+            "checkpoint_id": derived_id,
+            "derived_from": original.checkpoint_id,
+            "from_format": original.format_version,
+            "to_format": rules.FORMAT_VERSION,
+            "notes": notes,
+        },
         principal.principal_id,
     )
     return derived
@@ -544,7 +712,9 @@ async def put_artifact(
     unit: UnitOfWork, principal: Principal, content: bytes, media_type: str, quota: int
 ) -> store.ArtifactRow:
     if len(content) > ARTIFACT_CONTENT_MAX_BYTES:
-        raise InvalidArgument.field("content", f"at most {ARTIFACT_CONTENT_MAX_BYTES} bytes; declare larger artifacts", reason="TOO_LARGE")
+        raise InvalidArgument.field(
+            "content", f"at most {ARTIFACT_CONTENT_MAX_BYTES} bytes; declare larger artifacts", reason="TOO_LARGE"
+        )
     check_text(media_type, "media_type", required=False, length_max=128)
     digest = rules.content_digest(content)
     existing = await store.get_artifact(unit.connection, principal.tenant_id, digest, lock=True)
@@ -552,11 +722,26 @@ async def put_artifact(
         await _artifact_quota(unit, principal, quota)
     if existing is None:
         await store.put_artifact(
-            unit.connection, principal.tenant_id, digest=digest, size_bytes=len(content), media_type=media_type,
-            status=ArtifactStatus.COMPLETE, location="", content=content, now=unit.now,
+            unit.connection,
+            principal.tenant_id,
+            digest=digest,
+            size_bytes=len(content),
+            media_type=media_type,
+            status=ArtifactStatus.COMPLETE,
+            location="",
+            content=content,
+            now=unit.now,
         )
     elif existing.status != ArtifactStatus.COMPLETE:
-        await store.set_artifact(unit.connection, principal.tenant_id, digest, unit.now, status=ArtifactStatus.COMPLETE.value, content=content, size_bytes=len(content))
+        await store.set_artifact(
+            unit.connection,
+            principal.tenant_id,
+            digest,
+            unit.now,
+            status=ArtifactStatus.COMPLETE.value,
+            content=content,
+            size_bytes=len(content),
+        )
     return await _stored(unit, principal, digest)
 
 
@@ -575,13 +760,22 @@ async def declare_artifact(
     if existing is None:
         await _artifact_quota(unit, principal, quota)
         await store.put_artifact(
-            unit.connection, principal.tenant_id, digest=digest, size_bytes=size_bytes, media_type=media_type,
-            status=ArtifactStatus.PENDING, location=location, content=None, now=unit.now,
+            unit.connection,
+            principal.tenant_id,
+            digest=digest,
+            size_bytes=size_bytes,
+            media_type=media_type,
+            status=ArtifactStatus.PENDING,
+            location=location,
+            content=None,
+            now=unit.now,
         )
     return await _stored(unit, principal, digest)
 
 
-async def set_artifact_status(unit: UnitOfWork, principal: Principal, digest: str, status: ArtifactStatus) -> store.ArtifactRow:
+async def set_artifact_status(
+    unit: UnitOfWork, principal: Principal, digest: str, status: ArtifactStatus
+) -> store.ArtifactRow:
     rules.check_digest(digest, "digest")
     existing = await store.get_artifact(unit.connection, principal.tenant_id, digest, lock=True)
     if existing is None:
@@ -590,7 +784,9 @@ async def set_artifact_status(unit: UnitOfWork, principal: Principal, digest: st
     if status == ArtifactStatus.TOMBSTONE:
         values["content"] = None
     elif existing.status == ArtifactStatus.TOMBSTONE:
-        raise _refused("ARTIFACT_DELETED", f"artifact/{digest}", "a deleted artifact cannot be completed again; put its content")
+        raise _refused(
+            "ARTIFACT_DELETED", f"artifact/{digest}", "a deleted artifact cannot be completed again; put its content"
+        )
     await store.set_artifact(unit.connection, principal.tenant_id, digest, unit.now, **values)
     return await _stored(unit, principal, digest)
 
@@ -611,12 +807,26 @@ async def record_snapshot(
     if await store.recorded_snapshots(unit.connection, principal.tenant_id, quota) >= quota:
         raise quotas.exceeded("recorded_snapshots", principal.tenant_id, quota, "snapshots are kept with their runs")
     snapshot_id = repo.new_id("snp")
-    await store.insert_snapshot(unit.connection, principal.tenant_id, snapshot_id=snapshot_id, run_id=run_id, value=value, created_by=principal.principal_id, created_at=unit.now)
+    await store.insert_snapshot(
+        unit.connection,
+        principal.tenant_id,
+        snapshot_id=snapshot_id,
+        run_id=run_id,
+        value=value,
+        created_by=principal.principal_id,
+        created_at=unit.now,
+    )
     return {"snapshot_id": snapshot_id, "run_id": run_id, "value": value, "created_at": unit.now}
 
 
 async def record_provider_session(
-    unit: UnitOfWork, principal: Principal, run_id: str, provider: str, session_id: str, response_id: str, expires_at: datetime | None
+    unit: UnitOfWork,
+    principal: Principal,
+    run_id: str,
+    provider: str,
+    session_id: str,
+    response_id: str,
+    expires_at: datetime | None,
 ) -> dict[str, Any]:
     await _require_run(unit, principal, run_id)
     check_text(provider, "provider", required=True, length_max=128)
@@ -624,20 +834,48 @@ async def record_provider_session(
     check_text(response_id, "response_id", required=False, length_max=512)
     reference_id = repo.new_id("psr")
     await store.insert_provider_session(
-        unit.connection, principal.tenant_id, reference_id=reference_id, run_id=run_id, provider=provider,
-        session_id=session_id, response_id=response_id, expires_at=expires_at, observed_at=unit.now,
+        unit.connection,
+        principal.tenant_id,
+        reference_id=reference_id,
+        run_id=run_id,
+        provider=provider,
+        session_id=session_id,
+        response_id=response_id,
+        expires_at=expires_at,
+        observed_at=unit.now,
     )
-    unit.record_event(principal.tenant_id, run_id, "adapter.provider_session_observed",
-                      {"reference_id": reference_id, "provider": provider, "session_id": session_id, "response_id": response_id},
-                      principal.principal_id)
-    return {"reference_id": reference_id, "run_id": run_id, "provider": provider, "session_id": session_id,
-            "response_id": response_id, "expires_at": expires_at, "observed_at": unit.now}
+    unit.record_event(
+        principal.tenant_id,
+        run_id,
+        "adapter.provider_session_observed",
+        {"reference_id": reference_id, "provider": provider, "session_id": session_id, "response_id": response_id},
+        principal.principal_id,
+    )
+    return {
+        "reference_id": reference_id,
+        "run_id": run_id,
+        "provider": provider,
+        "session_id": session_id,
+        "response_id": response_id,
+        "expires_at": expires_at,
+        "observed_at": unit.now,
+    }
 
 
-async def record_execution_handle(unit: UnitOfWork, principal: Principal, run_id: str, runtime: str, handle: str) -> dict[str, Any]:
+async def record_execution_handle(
+    unit: UnitOfWork, principal: Principal, run_id: str, runtime: str, handle: str
+) -> dict[str, Any]:
     await _require_run(unit, principal, run_id)
     check_text(runtime, "runtime", required=True, length_max=128)
     check_text(handle, "handle", required=True, length_max=512)
     handle_id = repo.new_id("hdl")
-    await store.insert_execution_handle(unit.connection, principal.tenant_id, handle_id=handle_id, run_id=run_id, runtime=runtime, handle=handle, created_at=unit.now)
+    await store.insert_execution_handle(
+        unit.connection,
+        principal.tenant_id,
+        handle_id=handle_id,
+        run_id=run_id,
+        runtime=runtime,
+        handle=handle,
+        created_at=unit.now,
+    )
     return {"handle_id": handle_id, "run_id": run_id, "runtime": runtime, "handle": handle, "created_at": unit.now}

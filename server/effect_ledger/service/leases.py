@@ -24,15 +24,18 @@ from effect_ledger.storage.engine import UnitOfWork
 
 SYSTEM_SWEEPER = "system:lease-sweeper"
 
+
 async def save_effect(unit: UnitOfWork, tenant_id: str, effect: Effect, attempts: list[Attempt]) -> None:
     for attempt in attempts:
         await repo.save_attempt(unit.connection, tenant_id, attempt)
     await repo.save_effect_state(unit.connection, tenant_id, effect)
 
+
 async def lease_seconds_of(unit: UnitOfWork, tenant_id: str, effect: Effect) -> int:
     contract = await repo.contract_revision(unit.connection, tenant_id, effect.tool, effect.tool_revision)
     assert contract is not None, "an effect's pinned contract revision is never deleted"
     return contract.lease_seconds
+
 
 def adopt_clock(unit: UnitOfWork, locked: repo.LockedEffect | None) -> Effect | None:
     """Judge the locked effect's leases by the clock read after its lock was granted.
@@ -47,6 +50,7 @@ def adopt_clock(unit: UnitOfWork, locked: repo.LockedEffect | None) -> Effect | 
     if locked.now > unit.now:
         unit.now = locked.now
     return locked.effect
+
 
 async def expire_leases(unit: UnitOfWork, tenant_id: str, effect: Effect, principal_id: str) -> int:
     """Expire leases by the database clock: record each expiry in the trace, save it, and let
@@ -71,12 +75,14 @@ async def expire_leases(unit: UnitOfWork, tenant_id: str, effect: Effect, princi
         await budgets.settle(unit, tenant_id, never_dispatched, Settlement.EXPIRE)
     return len(changed)
 
+
 async def locked_effect(unit: UnitOfWork, principal: Principal, effect_id: str) -> Effect:
     effect = adopt_clock(unit, await repo.lock_effect_by_id(unit.connection, principal.tenant_id, effect_id))
     if effect is None:
         raise NotFound("effect", effect_id)
     await expire_leases(unit, principal.tenant_id, effect, principal.principal_id)
     return effect
+
 
 async def record_expiries(unit: UnitOfWork, tenant_id: str, found: list[Effect]) -> list[Effect]:
     """What a read shows: an effect whose lease ran out by the read's clock is locked, judged
@@ -93,6 +99,7 @@ async def record_expiries(unit: UnitOfWork, tenant_id: str, found: list[Effect])
             effect = locked
         shown.append(effect)
     return shown
+
 
 async def sweep_expired_leases(unit: UnitOfWork, tenant_id: str, effect_id: str) -> int:
     """Record lease expiries of one effect (background sweeper); returns how many expired."""

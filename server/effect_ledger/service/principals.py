@@ -109,8 +109,12 @@ async def rotate(
         expires_at = _expiry_after(unit.now, expires_in_seconds, "expires_in_seconds")
     token = new_token()
     await store.change(
-        unit.connection, caller.tenant_id, principal_id,
-        token_hash=token_hash(token), token_issued_at=unit.now, token_expires_at=expires_at,
+        unit.connection,
+        caller.tenant_id,
+        principal_id,
+        token_hash=token_hash(token),
+        token_issued_at=unit.now,
+        token_expires_at=expires_at,
     )
     _audit("token rotated", caller, record)
     return replace(record, token_issued_at=unit.now, token_expires_at=expires_at), token

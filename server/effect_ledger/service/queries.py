@@ -58,7 +58,9 @@ class CreatedRange:
 Batch = tuple[list[T], str, bool]
 
 
-async def _collect(fetch: Callable[[str], Awaitable[Batch[T]]], key: Callable[[T], str], after: str, limit: int) -> Page[T]:
+async def _collect(
+    fetch: Callable[[str], Awaitable[Batch[T]]], key: Callable[[T], str], after: str, limit: int
+) -> Page[T]:
     found: list[T] = []
     cursor = after
     for _ in range(SCAN_ROUNDS_MAX):
@@ -104,8 +106,16 @@ async def list_effects(
 
     async def fetch(cursor: str) -> Batch[Effect]:
         page = await store.effects_page(
-            unit.connection, principal.tenant_id, stages=stored_values, tool=tool, run_id=run_id, target=target,
-            created_after=created.after, created_before=created.before, after_id=cursor, limit=limit,
+            unit.connection,
+            principal.tenant_id,
+            stages=stored_values,
+            tool=tool,
+            run_id=run_id,
+            target=target,
+            created_after=created.after,
+            created_before=created.before,
+            after_id=cursor,
+            limit=limit,
         )
         if not page:
             return [], cursor, True
@@ -143,8 +153,14 @@ async def list_runs(
 
     async def fetch(cursor: str) -> Batch[Run]:
         page = await store.runs_page(
-            unit.connection, principal.tenant_id, label_key=label_key, label_value=label_value,
-            created_after=created.after, created_before=created.before, after_id=cursor, limit=limit,
+            unit.connection,
+            principal.tenant_id,
+            label_key=label_key,
+            label_value=label_value,
+            created_after=created.after,
+            created_before=created.before,
+            after_id=cursor,
+            limit=limit,
         )
         if not page:
             return [], cursor, True
@@ -171,8 +187,14 @@ async def list_decisions(
 
     async def fetch(cursor: str) -> Batch[Decision]:
         page = await store.decisions_page(
-            unit.connection, principal.tenant_id, outcome=outcome.value if outcome else "", reason_code=reason_code,
-            run_id=run_id, tool=tool, after_id=cursor, limit=limit,
+            unit.connection,
+            principal.tenant_id,
+            outcome=outcome.value if outcome else "",
+            reason_code=reason_code,
+            run_id=run_id,
+            tool=tool,
+            after_id=cursor,
+            limit=limit,
         )
         return page, page[-1].decision_id if page else cursor, len(page) < limit
 
@@ -201,8 +223,14 @@ async def list_budgets(
 
     async def fetch(cursor: str) -> Batch[Budget]:
         page = await budget_store.budgets_page(
-            unit.connection, principal.tenant_id, scope=scope, scope_id=scope_id, dimension=dimension,
-            after_id=cursor, limit=limit, now=unit.now,
+            unit.connection,
+            principal.tenant_id,
+            scope=scope,
+            scope_id=scope_id,
+            dimension=dimension,
+            after_id=cursor,
+            limit=limit,
+            now=unit.now,
         )
         if not page:
             return [], cursor, True

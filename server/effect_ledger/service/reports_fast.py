@@ -161,7 +161,11 @@ def _settlements(facts: AttemptFacts, stage: Stage, usage: dict[str, int] | None
     settlements = []
     for reservation in pending:
         if stage == Stage.SUCCEEDED:
-            posted = usage[reservation["dimension"]] if usage and reservation["dimension"] in usage else reservation["amount"]
+            posted = (
+                usage[reservation["dimension"]]
+                if usage and reservation["dimension"] in usage
+                else reservation["amount"]
+            )
             state = ReservationState.POSTED
         else:
             posted, state = 0, ReservationState.VOIDED
@@ -178,7 +182,11 @@ def _settlements(facts: AttemptFacts, stage: Stage, usage: dict[str, int] | None
 
 
 async def renew_lease(
-    gate: Gate, connection: Any, token_hash: str, roles: frozenset[Role], attempt_id: str,
+    gate: Gate,
+    connection: Any,
+    token_hash: str,
+    roles: frozenset[Role],
+    attempt_id: str,
     peer_subject: str | None = None,
 ) -> AttemptResult:
     """As ``Gate.renew_lease``."""

@@ -53,7 +53,11 @@ async def create_run(
         principal.tenant_id,
         run_id,
         "run.created",
-        {"labels": labels, "request_id": request_id, "configuration": {"provider": provider, "model": model, "adapter": adapter}},
+        {
+            "labels": labels,
+            "request_id": request_id,
+            "configuration": {"provider": provider, "model": model, "adapter": adapter},
+        },
         principal.principal_id,
     )
     await unit.flush_events()

@@ -22,7 +22,9 @@ async def put_contract(
             f"tool {proposed.tool!r} is at revision {current_revision}, not {expected_revision}",
             reason="REVISION_MISMATCH",
             violations=[
-                PreconditionViolation("REVISION_MISMATCH", f"tool/{proposed.tool}", f"current revision {current_revision}")
+                PreconditionViolation(
+                    "REVISION_MISMATCH", f"tool/{proposed.tool}", f"current revision {current_revision}"
+                )
             ],
             metadata={"current_revision": str(current_revision)},
         )

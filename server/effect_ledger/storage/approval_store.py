@@ -67,7 +67,9 @@ async def _votes(connection: AsyncConnection, tenant_id: str, ids: list[str]) ->
     return found
 
 
-async def _load(connection: AsyncConnection, tenant_id: str, where: Any, *, lock: bool, limit: int | None = None) -> list[Approval]:
+async def _load(
+    connection: AsyncConnection, tenant_id: str, where: Any, *, lock: bool, limit: int | None = None
+) -> list[Approval]:
     query = select(approvals).where(approvals.c.tenant_id == tenant_id, where).order_by(approvals.c.approval_id)
     if limit is not None:
         query = query.limit(limit)
@@ -98,17 +100,21 @@ async def for_intent(
     query = prepared(
         "approvals_for_intent",
         "",
-        lambda: select(approvals)
-        .where(
-            approvals.c.tenant_id == bindparam("tenant_id"),
-            approvals.c.run_id == bindparam("run_id"),
-            approvals.c.intent_digest == bindparam("intent_digest"),
-        )
-        .order_by(approvals.c.approval_id)
-        .limit(bindparam("limit")),
+        lambda: (
+            select(approvals)
+            .where(
+                approvals.c.tenant_id == bindparam("tenant_id"),
+                approvals.c.run_id == bindparam("run_id"),
+                approvals.c.intent_digest == bindparam("intent_digest"),
+            )
+            .order_by(approvals.c.approval_id)
+            .limit(bindparam("limit"))
+        ),
     )
     rows = (
-        await connection.execute(query, {"tenant_id": tenant_id, "run_id": run_id, "intent_digest": intent_digest, "limit": limit})
+        await connection.execute(
+            query, {"tenant_id": tenant_id, "run_id": run_id, "intent_digest": intent_digest, "limit": limit}
+        )
     ).all()
     if not rows:
         return []
@@ -203,7 +209,9 @@ async def save_state(connection: AsyncConnection, tenant_id: str, approval: Appr
     )
 
 
-async def consume(connection: AsyncConnection, tenant_id: str, approval_id: str, attempt_id: str, now: datetime) -> bool:
+async def consume(
+    connection: AsyncConnection, tenant_id: str, approval_id: str, attempt_id: str, now: datetime
+) -> bool:
     """APPROVED -> CONSUMED, only if still APPROVED: of concurrent consumers exactly one wins."""
     result = await connection.execute(
         update(approvals)
@@ -230,7 +238,9 @@ async def insert_vote(connection: AsyncConnection, tenant_id: str, approval_id: 
     )
 
 
-async def reviewers_with_authority(connection: AsyncConnection, tenant_id: str, reviewer_ids: set[str]) -> frozenset[str]:
+async def reviewers_with_authority(
+    connection: AsyncConnection, tenant_id: str, reviewer_ids: set[str]
+) -> frozenset[str]:
     """Of these principals, those who hold the reviewer or admin role now and are not disabled."""
     if not reviewer_ids:
         return frozenset()

@@ -68,9 +68,11 @@ async def applicable_budgets(
     query = prepared(
         "applicable_budgets",
         "",
-        lambda: select(budgets)
-        .where(_applicable(bindparam("tenant_id"), bindparam("run_id"), bindparam("root_run_id")))
-        .order_by(budgets.c.budget_id),
+        lambda: (
+            select(budgets)
+            .where(_applicable(bindparam("tenant_id"), bindparam("run_id"), bindparam("root_run_id")))
+            .order_by(budgets.c.budget_id)
+        ),
     )
     parameters = {"tenant_id": tenant_id, "run_id": run_id, "root_run_id": root_run_id}
     found = [_budget(row) for row in (await connection.execute(query, parameters)).all()]
@@ -84,8 +86,9 @@ async def roll_over_periods(connection: AsyncConnection, where: Any, now: dateti
     """Start a new period for budgets whose period ended: posted restarts at 0, pending stays."""
     due = (
         await connection.execute(
-            select(budgets.c.tenant_id, budgets.c.budget_id, budgets.c.reset_period_seconds, budgets.c.period_ends_at)
-            .where(where, budgets.c.period_ends_at.is_not(None), budgets.c.period_ends_at <= now)
+            select(
+                budgets.c.tenant_id, budgets.c.budget_id, budgets.c.reset_period_seconds, budgets.c.period_ends_at
+            ).where(where, budgets.c.period_ends_at.is_not(None), budgets.c.period_ends_at <= now)
         )
     ).all()
     for row in due:
@@ -116,13 +119,15 @@ async def reserve(connection: AsyncConnection, tenant_id: str, budget_id: str, a
     query = prepared(
         "reserve",
         "",
-        lambda: update(budgets)
-        .where(
-            budgets.c.tenant_id == bindparam("where_tenant_id"),
-            budgets.c.budget_id == bindparam("where_budget_id"),
-            budgets.c.posted + budgets.c.pending + bindparam("amount", type_=BigInteger) <= budgets.c.limit_amount,
-        )
-        .values(pending=budgets.c.pending + bindparam("amount", type_=BigInteger), updated_at=bindparam("now")),
+        lambda: (
+            update(budgets)
+            .where(
+                budgets.c.tenant_id == bindparam("where_tenant_id"),
+                budgets.c.budget_id == bindparam("where_budget_id"),
+                budgets.c.posted + budgets.c.pending + bindparam("amount", type_=BigInteger) <= budgets.c.limit_amount,
+            )
+            .values(pending=budgets.c.pending + bindparam("amount", type_=BigInteger), updated_at=bindparam("now"))
+        ),
     )
     parameters = {"where_tenant_id": tenant_id, "where_budget_id": budget_id, "amount": amount, "now": now}
     return (await connection.execute(query, parameters)).rowcount == 1
@@ -138,16 +143,18 @@ async def move(
     query = prepared(
         "move",
         "",
-        lambda: update(budgets)
-        .where(
-            budgets.c.tenant_id == bindparam("where_tenant_id"),
-            budgets.c.budget_id == bindparam("where_budget_id"),
-            budgets.c.posted <= bindparam("posted_ceiling", type_=BigInteger),
-        )
-        .values(
-            pending=budgets.c.pending + bindparam("pending_delta", type_=BigInteger),
-            posted=budgets.c.posted + bindparam("posted_delta", type_=BigInteger),
-            updated_at=bindparam("now"),
+        lambda: (
+            update(budgets)
+            .where(
+                budgets.c.tenant_id == bindparam("where_tenant_id"),
+                budgets.c.budget_id == bindparam("where_budget_id"),
+                budgets.c.posted <= bindparam("posted_ceiling", type_=BigInteger),
+            )
+            .values(
+                pending=budgets.c.pending + bindparam("pending_delta", type_=BigInteger),
+                posted=budgets.c.posted + bindparam("posted_delta", type_=BigInteger),
+                updated_at=bindparam("now"),
+            )
         ),
     )
     parameters = {
@@ -188,41 +195,55 @@ async def pending_reservations_of_attempts(
     query = prepared(
         "pending_reservations_of_attempts",
         "",
-        lambda: select(reservations)
-        .where(
-            reservations.c.tenant_id == bindparam("tenant_id"),
-            reservations.c.attempt_id.in_(bindparam("attempt_ids", expanding=True)),
-            reservations.c.state == ReservationState.PENDING.value,
-        )
-        .order_by(reservations.c.budget_id),
+        lambda: (
+            select(reservations)
+            .where(
+                reservations.c.tenant_id == bindparam("tenant_id"),
+                reservations.c.attempt_id.in_(bindparam("attempt_ids", expanding=True)),
+                reservations.c.state == ReservationState.PENDING.value,
+            )
+            .order_by(reservations.c.budget_id)
+        ),
     )
     rows = (await connection.execute(query, {"tenant_id": tenant_id, "attempt_ids": list(attempt_ids)})).all()
     return [_reservation(row) for row in rows]
 
 
 async def settle_reservation(
-    connection: AsyncConnection, tenant_id: str, reservation_id: str, state: ReservationState, posted_amount: int, now: datetime
+    connection: AsyncConnection,
+    tenant_id: str,
+    reservation_id: str,
+    state: ReservationState,
+    posted_amount: int,
+    now: datetime,
 ) -> bool:
     """PENDING -> a final state, once: a reservation ends in exactly one of posted, voided, expired."""
     query = prepared(
         "settle_reservation",
         "",
-        lambda: update(reservations)
-        .where(
-            reservations.c.tenant_id == bindparam("where_tenant_id"),
-            reservations.c.reservation_id == bindparam("where_reservation_id"),
-            reservations.c.state == ReservationState.PENDING.value,
-        )
-        .values(state=bindparam("state"), posted_amount=bindparam("posted_amount"), settled_at=bindparam("now")),
+        lambda: (
+            update(reservations)
+            .where(
+                reservations.c.tenant_id == bindparam("where_tenant_id"),
+                reservations.c.reservation_id == bindparam("where_reservation_id"),
+                reservations.c.state == ReservationState.PENDING.value,
+            )
+            .values(state=bindparam("state"), posted_amount=bindparam("posted_amount"), settled_at=bindparam("now"))
+        ),
     )
     parameters = {
-        "where_tenant_id": tenant_id, "where_reservation_id": reservation_id,
-        "state": state.value, "posted_amount": posted_amount, "now": now,
+        "where_tenant_id": tenant_id,
+        "where_reservation_id": reservation_id,
+        "state": state.value,
+        "posted_amount": posted_amount,
+        "now": now,
     }
     return (await connection.execute(query, parameters)).rowcount == 1
 
 
-async def budgets_of_scope(connection: AsyncConnection, tenant_id: str, scope: Scope, scope_id: str, now: datetime) -> list[Budget]:
+async def budgets_of_scope(
+    connection: AsyncConnection, tenant_id: str, scope: Scope, scope_id: str, now: datetime
+) -> list[Budget]:
     where = and_(budgets.c.tenant_id == tenant_id, budgets.c.scope == scope.value, budgets.c.scope_id == scope_id)
     await roll_over_periods(connection, where, now)
     rows = (await connection.execute(select(budgets).where(where).order_by(budgets.c.dimension))).all()
@@ -263,7 +284,9 @@ async def budgets_page(
     return [_budget(row) for row in rows]
 
 
-async def open_reservations(connection: AsyncConnection, tenant_id: str, budget_ids: list[str], limit: int) -> list[Reservation]:
+async def open_reservations(
+    connection: AsyncConnection, tenant_id: str, budget_ids: list[str], limit: int
+) -> list[Reservation]:
     if not budget_ids:
         return []
     rows = (
@@ -328,7 +351,9 @@ async def upsert_budget(
     await connection.execute(
         update(budgets)
         .where(budgets.c.tenant_id == tenant_id, budgets.c.budget_id == existing)
-        .values(limit_amount=limit, reset_period_seconds=reset_period_seconds, period_ends_at=period_ends_at, updated_at=now)
+        .values(
+            limit_amount=limit, reset_period_seconds=reset_period_seconds, period_ends_at=period_ends_at, updated_at=now
+        )
     )
 
 

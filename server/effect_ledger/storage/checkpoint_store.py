@@ -63,7 +63,9 @@ def _record(row: Row[Any]) -> CheckpointRecord:
         status=row.status,
         format_version=row.format_version,
         state=json.loads(row.state),
-        artifacts=[ArtifactRef(a["name"], a["digest"], ArtifactClass(a["classification"])) for a in json.loads(row.artifacts)],
+        artifacts=[
+            ArtifactRef(a["name"], a["digest"], ArtifactClass(a["classification"])) for a in json.loads(row.artifacts)
+        ],
         ledger=json.loads(row.ledger),
         manifest=json.loads(row.manifest),
         manifest_digest=row.manifest_digest,
@@ -104,19 +106,29 @@ async def insert_checkpoint(connection: AsyncConnection, tenant_id: str, record:
     )
 
 
-async def get_checkpoint(connection: AsyncConnection, tenant_id: str, checkpoint_id: str, *, lock: bool) -> CheckpointRecord | None:
-    query = select(checkpoints).where(checkpoints.c.tenant_id == tenant_id, checkpoints.c.checkpoint_id == checkpoint_id)
+async def get_checkpoint(
+    connection: AsyncConnection, tenant_id: str, checkpoint_id: str, *, lock: bool
+) -> CheckpointRecord | None:
+    query = select(checkpoints).where(
+        checkpoints.c.tenant_id == tenant_id, checkpoints.c.checkpoint_id == checkpoint_id
+    )
     if lock:
         query = query.with_for_update()
     row = (await connection.execute(query)).first()
     return _record(row) if row is not None else None
 
 
-async def list_checkpoints(connection: AsyncConnection, tenant_id: str, run_id: str, after_id: str, limit: int) -> list[CheckpointRecord]:
+async def list_checkpoints(
+    connection: AsyncConnection, tenant_id: str, run_id: str, after_id: str, limit: int
+) -> list[CheckpointRecord]:
     rows = (
         await connection.execute(
             select(checkpoints)
-            .where(checkpoints.c.tenant_id == tenant_id, checkpoints.c.run_id == run_id, checkpoints.c.checkpoint_id > after_id)
+            .where(
+                checkpoints.c.tenant_id == tenant_id,
+                checkpoints.c.run_id == run_id,
+                checkpoints.c.checkpoint_id > after_id,
+            )
             .order_by(checkpoints.c.checkpoint_id)
             .limit(limit)
         )
@@ -124,7 +136,9 @@ async def list_checkpoints(connection: AsyncConnection, tenant_id: str, run_id: 
     return [_record(row) for row in rows]
 
 
-async def register(connection: AsyncConnection, tenant_id: str, checkpoint_id: str, facts: Facts, principal_id: str, now: datetime) -> None:
+async def register(
+    connection: AsyncConnection, tenant_id: str, checkpoint_id: str, facts: Facts, principal_id: str, now: datetime
+) -> None:
     await connection.execute(
         update(checkpoints)
         .where(checkpoints.c.tenant_id == tenant_id, checkpoints.c.checkpoint_id == checkpoint_id)
@@ -141,7 +155,9 @@ async def lock_run_head(connection: AsyncConnection, tenant_id: str, run_id: str
     ).first()
 
 
-async def set_configuration(connection: AsyncConnection, tenant_id: str, run_id: str, segment: int, configuration: tuple[str, str, str]) -> None:
+async def set_configuration(
+    connection: AsyncConnection, tenant_id: str, run_id: str, segment: int, configuration: tuple[str, str, str]
+) -> None:
     await connection.execute(
         update(runs)
         .where(runs.c.tenant_id == tenant_id, runs.c.run_id == run_id)
@@ -164,10 +180,20 @@ class ArtifactRow:
 
 
 def _artifact(row: Row[Any]) -> ArtifactRow:
-    return ArtifactRow(row.digest, row.size_bytes, row.media_type, ArtifactStatus(row.status), row.location, row.created_at, row.updated_at)
+    return ArtifactRow(
+        row.digest,
+        row.size_bytes,
+        row.media_type,
+        ArtifactStatus(row.status),
+        row.location,
+        row.created_at,
+        row.updated_at,
+    )
 
 
-async def get_artifact(connection: AsyncConnection, tenant_id: str, digest: str, *, lock: bool = False) -> ArtifactRow | None:
+async def get_artifact(
+    connection: AsyncConnection, tenant_id: str, digest: str, *, lock: bool = False
+) -> ArtifactRow | None:
     query = select(*[c for c in artifacts.c if c.name != "content"]).where(
         artifacts.c.tenant_id == tenant_id, artifacts.c.digest == digest
     )
@@ -177,7 +203,9 @@ async def get_artifact(connection: AsyncConnection, tenant_id: str, digest: str,
     return _artifact(row) if row is not None else None
 
 
-async def artifact_statuses(connection: AsyncConnection, tenant_id: str, digests: list[str]) -> dict[str, ArtifactStatus]:
+async def artifact_statuses(
+    connection: AsyncConnection, tenant_id: str, digests: list[str]
+) -> dict[str, ArtifactStatus]:
     if not digests:
         return {}
     rows = (
@@ -191,14 +219,29 @@ async def artifact_statuses(connection: AsyncConnection, tenant_id: str, digests
 
 
 async def put_artifact(
-    connection: AsyncConnection, tenant_id: str, *, digest: str, size_bytes: int, media_type: str,
-    status: ArtifactStatus, location: str, content: bytes | None, now: datetime,
+    connection: AsyncConnection,
+    tenant_id: str,
+    *,
+    digest: str,
+    size_bytes: int,
+    media_type: str,
+    status: ArtifactStatus,
+    location: str,
+    content: bytes | None,
+    now: datetime,
 ) -> None:
     statement = (
         insert_ignoring_conflict(connection, artifacts)
         .values(
-            tenant_id=tenant_id, digest=digest, size_bytes=size_bytes, media_type=media_type, status=status.value,
-            location=location, content=content, created_at=now, updated_at=now,
+            tenant_id=tenant_id,
+            digest=digest,
+            size_bytes=size_bytes,
+            media_type=media_type,
+            status=status.value,
+            location=location,
+            content=content,
+            created_at=now,
+            updated_at=now,
         )
         .on_conflict_do_nothing(index_elements=["tenant_id", "digest"])
     )
@@ -207,7 +250,9 @@ async def put_artifact(
 
 async def set_artifact(connection: AsyncConnection, tenant_id: str, digest: str, now: datetime, **values: Any) -> None:
     await connection.execute(
-        update(artifacts).where(artifacts.c.tenant_id == tenant_id, artifacts.c.digest == digest).values(updated_at=now, **values)
+        update(artifacts)
+        .where(artifacts.c.tenant_id == tenant_id, artifacts.c.digest == digest)
+        .values(updated_at=now, **values)
     )
 
 
@@ -249,41 +294,56 @@ async def insert_execution_handle(connection: AsyncConnection, tenant_id: str, *
 OPEN = [Stage.AUTHORIZED.value, Stage.DISPATCHED.value, Stage.UNKNOWN.value]
 
 
-async def add_obligations(connection: AsyncConnection, tenant_id: str, run_id: str, effect_ids: list[str], checkpoint_id: str, now: datetime) -> None:
+async def add_obligations(
+    connection: AsyncConnection, tenant_id: str, run_id: str, effect_ids: list[str], checkpoint_id: str, now: datetime
+) -> None:
     for effect_id in effect_ids:
         await connection.execute(
             insert_ignoring_conflict(connection, resume_obligations)
-            .values(tenant_id=tenant_id, run_id=run_id, effect_id=effect_id, checkpoint_id=checkpoint_id, created_at=now)
+            .values(
+                tenant_id=tenant_id, run_id=run_id, effect_id=effect_id, checkpoint_id=checkpoint_id, created_at=now
+            )
             .on_conflict_do_nothing(index_elements=["tenant_id", "run_id", "effect_id"])
         )
 
 
-async def outstanding_obligations(connection: AsyncConnection, tenant_id: str, run_id: str, limit: int = 50) -> list[str]:
+async def outstanding_obligations(
+    connection: AsyncConnection, tenant_id: str, run_id: str, limit: int = 50
+) -> list[str]:
     """Effects open at a resume of this run that are still open now."""
     query = prepared(
         "outstanding_obligations",
         "",
-        lambda: select(resume_obligations.c.effect_id)
-        .select_from(
-            resume_obligations.join(
-                effects,
-                and_(effects.c.tenant_id == resume_obligations.c.tenant_id, effects.c.effect_id == resume_obligations.c.effect_id),
+        lambda: (
+            select(resume_obligations.c.effect_id)
+            .select_from(
+                resume_obligations.join(
+                    effects,
+                    and_(
+                        effects.c.tenant_id == resume_obligations.c.tenant_id,
+                        effects.c.effect_id == resume_obligations.c.effect_id,
+                    ),
+                )
             )
-        )
-        .where(
-            resume_obligations.c.tenant_id == bindparam("tenant_id"),
-            resume_obligations.c.run_id == bindparam("run_id"),
-            effects.c.stage.in_(OPEN),
-        )
-        .order_by(resume_obligations.c.effect_id)
-        .limit(bindparam("limit")),
+            .where(
+                resume_obligations.c.tenant_id == bindparam("tenant_id"),
+                resume_obligations.c.run_id == bindparam("run_id"),
+                effects.c.stage.in_(OPEN),
+            )
+            .order_by(resume_obligations.c.effect_id)
+            .limit(bindparam("limit"))
+        ),
     )
     rows = (await connection.execute(query, {"tenant_id": tenant_id, "run_id": run_id, "limit": limit})).all()
     return [row.effect_id for row in rows]
 
 
 async def ancestor_effect(
-    connection: AsyncConnection, tenant_id: str, run_ids: list[str], tool: str, target: str,
+    connection: AsyncConnection,
+    tenant_id: str,
+    run_ids: list[str],
+    tool: str,
+    target: str,
     digest_at: Callable[[int], str],
 ) -> Any:
     """An effect of this intent in one of the given (ancestor) runs: settled ones first.
@@ -296,8 +356,13 @@ async def ancestor_effect(
         return None
     rows = (
         await connection.execute(
-            select(effects.c.effect_id, effects.c.stage, effects.c.run_id, effects.c.tool_revision, effects.c.intent_digest).where(
-                effects.c.tenant_id == tenant_id, effects.c.run_id.in_(run_ids), effects.c.tool == tool, effects.c.target == target
+            select(
+                effects.c.effect_id, effects.c.stage, effects.c.run_id, effects.c.tool_revision, effects.c.intent_digest
+            ).where(
+                effects.c.tenant_id == tenant_id,
+                effects.c.run_id.in_(run_ids),
+                effects.c.tool == tool,
+                effects.c.target == target,
             )
         )
     ).all()

@@ -367,7 +367,9 @@ def required_time(value: str) -> datetime:
 
 def principal_of(row: dict[str, Any]) -> Principal:
     return Principal(
-        row["tenant_id"], row["principal_id"], frozenset(Role(r) for r in json.loads(row["roles"])),
+        row["tenant_id"],
+        row["principal_id"],
+        frozenset(Role(r) for r in json.loads(row["roles"])),
         row.get("client_subject"),
     )
 
@@ -537,7 +539,9 @@ async def authorize_facts(
     dimensions: bool,
 ) -> AuthorizeFacts:
     """One round trip: BEGIN and the facts function, in one query string."""
-    document = await _read(connection, FACTS_CALL, (token_hash, run_id, key, tool, target, open_limit, target_limit, dimensions))
+    document = await _read(
+        connection, FACTS_CALL, (token_hash, run_id, key, tool, target, open_limit, target_limit, dimensions)
+    )
     return facts_of(document)
 
 

@@ -45,10 +45,14 @@ def active(keys: list[KeyRow]) -> KeyRow | None:
     return None
 
 
-async def add(connection: AsyncConnection, *, key_id: str, public_key: str, private_key: str | None, note: str, now: datetime) -> None:
+async def add(
+    connection: AsyncConnection, *, key_id: str, public_key: str, private_key: str | None, note: str, now: datetime
+) -> None:
     await connection.execute(
         insert_ignoring_conflict(connection, checkpoint_keys)
-        .values(key_id=key_id, public_key=public_key, private_key=private_key, note=note, created_at=now, retired_at=None)
+        .values(
+            key_id=key_id, public_key=public_key, private_key=private_key, note=note, created_at=now, retired_at=None
+        )
         .on_conflict_do_nothing(index_elements=["key_id"])
     )
 
@@ -58,8 +62,14 @@ async def ensure_signing_key(connection: AsyncConnection, now: datetime) -> KeyR
     key = active(await list_keys(connection))
     if key is None:
         pair = signing.generate()
-        await add(connection, key_id=pair.key_id, public_key=pair.public_pem, private_key=pair.private_pem,
-                  note="generated at first start", now=now)
+        await add(
+            connection,
+            key_id=pair.key_id,
+            public_key=pair.public_pem,
+            private_key=pair.private_pem,
+            note="generated at first start",
+            now=now,
+        )
         key = active(await list_keys(connection))
     assert key is not None
     return key
@@ -73,7 +83,9 @@ async def rotate(connection: AsyncConnection, now: datetime, note: str) -> KeyRo
         .values(retired_at=now)
     )
     pair = signing.generate()
-    await add(connection, key_id=pair.key_id, public_key=pair.public_pem, private_key=pair.private_pem, note=note, now=now)
+    await add(
+        connection, key_id=pair.key_id, public_key=pair.public_pem, private_key=pair.private_pem, note=note, now=now
+    )
     key = active(await list_keys(connection))
     assert key is not None and key.key_id == pair.key_id
     return key

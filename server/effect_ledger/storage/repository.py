@@ -117,10 +117,12 @@ async def latest_contract(connection: AsyncConnection, tenant_id: str, tool: str
     query = prepared(
         "latest_contract",
         "",
-        lambda: select(tool_contracts)
-        .where(tool_contracts.c.tenant_id == bindparam("tenant_id"), tool_contracts.c.tool == bindparam("tool"))
-        .order_by(tool_contracts.c.revision.desc())
-        .limit(1),
+        lambda: (
+            select(tool_contracts)
+            .where(tool_contracts.c.tenant_id == bindparam("tenant_id"), tool_contracts.c.tool == bindparam("tool"))
+            .order_by(tool_contracts.c.revision.desc())
+            .limit(1)
+        ),
     )
     row = (await connection.execute(query, {"tenant_id": tenant_id, "tool": tool})).first()
     return _contract(row) if row is not None else None
@@ -142,9 +144,7 @@ async def contract_revision(
     return _contract(row) if row is not None else None
 
 
-async def insert_contract(
-    connection: AsyncConnection, tenant_id: str, contract: ToolContract
-) -> None:
+async def insert_contract(connection: AsyncConnection, tenant_id: str, contract: ToolContract) -> None:
     """Insert a revision. Two admins racing for one revision: the primary key lets one win."""
     await connection.execute(
         insert(tool_contracts).values(
@@ -156,9 +156,7 @@ async def insert_contract(
             queryable=contract.queryable,
             allowed_recovery=_canonical_text([r.value for r in contract.allowed_recovery]),
             arguments_schema=(
-                _canonical_text(contract.arguments_schema)
-                if contract.arguments_schema is not None
-                else None
+                _canonical_text(contract.arguments_schema) if contract.arguments_schema is not None else None
             ),
             max_attempts=contract.max_attempts,
             lease_seconds=contract.lease_seconds,
@@ -258,7 +256,9 @@ async def insert_run(
 
 async def get_run(connection: AsyncConnection, tenant_id: str, run_id: str) -> Run | None:
     query = prepared(
-        "get_run", "", lambda: select(runs).where(runs.c.tenant_id == bindparam("tenant_id"), runs.c.run_id == bindparam("run_id"))
+        "get_run",
+        "",
+        lambda: select(runs).where(runs.c.tenant_id == bindparam("tenant_id"), runs.c.run_id == bindparam("run_id")),
     )
     row = (await connection.execute(query, {"tenant_id": tenant_id, "run_id": run_id})).first()
     return _run(row) if row is not None else None
@@ -385,9 +385,13 @@ async def _effects_by_ids(connection: AsyncConnection, tenant_id: str, ids: Sequ
     query = prepared(
         "effects_by_ids",
         "",
-        lambda: _effects_with_attempts()
-        .where(effects.c.tenant_id == bindparam("tenant_id"), effects.c.effect_id.in_(bindparam("ids", expanding=True)))
-        .order_by(effects.c.effect_id, attempts.c.number),
+        lambda: (
+            _effects_with_attempts()
+            .where(
+                effects.c.tenant_id == bindparam("tenant_id"), effects.c.effect_id.in_(bindparam("ids", expanding=True))
+            )
+            .order_by(effects.c.effect_id, attempts.c.number)
+        ),
     )
     return _assemble((await connection.execute(query, {"tenant_id": tenant_id, "ids": list(ids)})).all())
 
@@ -411,9 +415,11 @@ async def _lock_effect(connection: AsyncConnection, name: str, column: Any, tena
     query = prepared(
         name,
         "",
-        lambda: select(effects.c.effect_id)
-        .where(effects.c.tenant_id == bindparam("tenant_id"), column == bindparam("value"))
-        .with_for_update(),
+        lambda: (
+            select(effects.c.effect_id)
+            .where(effects.c.tenant_id == bindparam("tenant_id"), column == bindparam("value"))
+            .with_for_update()
+        ),
     )
     return (await connection.execute(query, {"tenant_id": tenant_id, "value": value})).scalar_one_or_none()
 
@@ -433,10 +439,12 @@ async def _read_locked(connection: AsyncConnection, tenant_id: str, effect_id: s
     query = prepared(
         "locked_effect_with_clock",
         dialect,
-        lambda: _effects_with_attempts()
-        .add_columns(clock_expression(dialect))
-        .where(effects.c.tenant_id == bindparam("tenant_id"), effects.c.effect_id == bindparam("effect_id"))
-        .order_by(attempts.c.number),
+        lambda: (
+            _effects_with_attempts()
+            .add_columns(clock_expression(dialect))
+            .where(effects.c.tenant_id == bindparam("tenant_id"), effects.c.effect_id == bindparam("effect_id"))
+            .order_by(attempts.c.number)
+        ),
     )
     rows = (await connection.execute(query, {"tenant_id": tenant_id, "effect_id": effect_id})).all()
     found = _assemble(rows)
@@ -447,7 +455,9 @@ async def _read_locked(connection: AsyncConnection, tenant_id: str, effect_id: s
 
 async def lock_effect_by_key(connection: AsyncConnection, tenant_id: str, idempotency_key: str) -> LockedEffect | None:
     """The effect bound to a key, locked ``FOR UPDATE``, and the clock read after the lock."""
-    effect_id = await _lock_effect(connection, "lock_effect_by_key", effects.c.idempotency_key, tenant_id, idempotency_key)
+    effect_id = await _lock_effect(
+        connection, "lock_effect_by_key", effects.c.idempotency_key, tenant_id, idempotency_key
+    )
     if effect_id is None:
         return None  # a new idempotency key costs one round trip
     return await _read_locked(connection, tenant_id, effect_id)
@@ -475,9 +485,7 @@ async def run_effects(connection: AsyncConnection, tenant_id: str, run_id: str, 
         .limit(limit)
         .scalar_subquery()
     )
-    return await _load_effects(
-        connection, and_(effects.c.tenant_id == tenant_id, effects.c.effect_id.in_(ids))
-    )
+    return await _load_effects(connection, and_(effects.c.tenant_id == tenant_id, effects.c.effect_id.in_(ids)))
 
 
 async def effect_id_of_attempt(connection: AsyncConnection, tenant_id: str, attempt_id: str) -> str | None:
@@ -509,13 +517,18 @@ async def open_effects_of_run(
         .limit(limit)
         .scalar_subquery()
     )
-    return await _load_effects(
-        connection, and_(effects.c.tenant_id == tenant_id, effects.c.effect_id.in_(ids))
-    )
+    return await _load_effects(connection, and_(effects.c.tenant_id == tenant_id, effects.c.effect_id.in_(ids)))
 
 
 def _effects_for_policy_statement() -> Any:
-    columns = [effects.c.effect_id, effects.c.run_id, effects.c.tool, effects.c.target, effects.c.stage, effects.c.idempotency_key]
+    columns = [
+        effects.c.effect_id,
+        effects.c.run_id,
+        effects.c.tool,
+        effects.c.target,
+        effects.c.stage,
+        effects.c.idempotency_key,
+    ]
     run_open = (
         select(*columns, literal("run").label("kind"))
         .where(
@@ -555,15 +568,23 @@ async def effects_for_policy(
     of the same tool on the same target (any run of the tenant)."""
     query = prepared("effects_for_policy", "", _effects_for_policy_statement)
     parameters = {
-        "tenant_id": tenant_id, "run_id": run_id, "tool": tool, "target": target,
-        "open_limit": open_limit, "unknown_limit": unknown_limit,
+        "tenant_id": tenant_id,
+        "run_id": run_id,
+        "tool": tool,
+        "target": target,
+        "open_limit": open_limit,
+        "unknown_limit": unknown_limit,
     }
     rows = sorted((await connection.execute(query, parameters)).all(), key=lambda r: r.effect_id)
     open_summaries = [
-        {"effect_id": r.effect_id, "tool": r.tool, "target": r.target, "stage": r.stage} for r in rows if r.kind == "run"
+        {"effect_id": r.effect_id, "tool": r.tool, "target": r.target, "stage": r.stage}
+        for r in rows
+        if r.kind == "run"
     ]
     unknown = [
-        {"effect_id": r.effect_id, "run_id": r.run_id, "idempotency_key": r.idempotency_key} for r in rows if r.kind == "target"
+        {"effect_id": r.effect_id, "run_id": r.run_id, "idempotency_key": r.idempotency_key}
+        for r in rows
+        if r.kind == "target"
     ]
     return open_summaries, unknown
 
@@ -667,9 +688,7 @@ async def save_effect_state(connection: AsyncConnection, tenant_id: str, effect:
     )
 
 
-async def expired_lease_effects(
-    connection: AsyncConnection, now: datetime, limit: int
-) -> list[tuple[str, str]]:
+async def expired_lease_effects(connection: AsyncConnection, now: datetime, limit: int) -> list[tuple[str, str]]:
     """(tenant, effect) pairs with an AUTHORIZED or DISPATCHED attempt whose lease ran out."""
     rows = (
         await connection.execute(
@@ -715,9 +734,7 @@ async def insert_decision(connection: AsyncConnection, tenant_id: str, decision:
 async def get_decision(connection: AsyncConnection, tenant_id: str, decision_id: str) -> Decision | None:
     row = (
         await connection.execute(
-            select(decisions).where(
-                decisions.c.tenant_id == tenant_id, decisions.c.decision_id == decision_id
-            )
+            select(decisions).where(decisions.c.tenant_id == tenant_id, decisions.c.decision_id == decision_id)
         )
     ).first()
     if row is None:

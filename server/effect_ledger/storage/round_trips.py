@@ -52,9 +52,7 @@ NO_RPC = "(no RPC)"
 path: str = os.environ.get(FILE_VARIABLE, "")
 enabled: bool = bool(path)
 
-current_method: contextvars.ContextVar[str] = contextvars.ContextVar(
-    "round_trips_method", default=""
-)
+current_method: contextvars.ContextVar[str] = contextvars.ContextVar("round_trips_method", default="")
 calls: Counter[str] = Counter()
 round_trips: Counter[str] = Counter()
 _process_ready = False

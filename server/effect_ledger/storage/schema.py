@@ -178,7 +178,10 @@ effects = Table(
     # A run's open effects in effect order: the policy input's first N of them are read by
     # walking N index entries, however many effects the run holds (migration 0009).
     Index(
-        "ix_effects_open_by_run", "tenant_id", "run_id", "effect_id",
+        "ix_effects_open_by_run",
+        "tenant_id",
+        "run_id",
+        "effect_id",
         postgresql_where=text("stage IN ('AUTHORIZED', 'DISPATCHED', 'UNKNOWN')"),
         sqlite_where=text("stage IN ('AUTHORIZED', 'DISPATCHED', 'UNKNOWN')"),
     ),

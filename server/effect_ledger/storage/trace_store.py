@@ -42,9 +42,11 @@ async def append_events(
     lock_head = prepared(
         "lock_run_head",
         "",
-        lambda: select(runs.c.revision, runs.c.head_hash)
-        .where(runs.c.tenant_id == bindparam("tenant_id"), runs.c.run_id == bindparam("run_id"))
-        .with_for_update(key_share=True),
+        lambda: (
+            select(runs.c.revision, runs.c.head_hash)
+            .where(runs.c.tenant_id == bindparam("tenant_id"), runs.c.run_id == bindparam("run_id"))
+            .with_for_update(key_share=True)
+        ),
     )
     head = (await connection.execute(lock_head, {"tenant_id": tenant_id, "run_id": run_id})).one()
     revision, prev_hash = head.revision, head.head_hash
@@ -75,7 +77,12 @@ async def append_events(
             }
         )
         prev_hash = digest
-    new_head = {"where_tenant_id": tenant_id, "where_run_id": run_id, "new_revision": revision, "new_head_hash": prev_hash}
+    new_head = {
+        "where_tenant_id": tenant_id,
+        "where_run_id": run_id,
+        "new_revision": revision,
+        "new_head_hash": prev_hash,
+    }
     if is_postgresql(connection) and len(rows) == 1:
         # One round trip: the event and the new head in one statement (a data-modifying CTE).
         first = {f"event_{name}": value for name, value in rows[0].items()}

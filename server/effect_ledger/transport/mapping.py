@@ -307,7 +307,10 @@ def approval_to_proto(approval: Approval, now: datetime) -> approvals_pb2.Approv
         updated_at=timestamp(approval.updated_at),
         votes=[
             approvals_pb2.ApprovalVote(
-                reviewer_id=vote.reviewer_id, approve=vote.approve, comment=vote.comment, created_at=timestamp(vote.created_at)
+                reviewer_id=vote.reviewer_id,
+                approve=vote.approve,
+                comment=vote.comment,
+                created_at=timestamp(vote.created_at),
             )
             for vote in approval.votes
         ],
@@ -385,7 +388,9 @@ def stages_filter(values: Any) -> frozenset[Stage]:
     """A repeated Stage filter; empty means every stage."""
     if len(values) > len(Stage):
         raise InvalidArgument.field("stages", f"at most {len(Stage)} stages", reason="TOO_MANY_VALUES")
-    return frozenset(enum_value(common_pb2.Stage, value, f"stages[{index}]", Stage) for index, value in enumerate(values))
+    return frozenset(
+        enum_value(common_pb2.Stage, value, f"stages[{index}]", Stage) for index, value in enumerate(values)
+    )
 
 
 def outcome_filter(value: int) -> Outcome | None:

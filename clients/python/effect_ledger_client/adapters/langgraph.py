@@ -105,9 +105,7 @@ class StillPending(ApprovalTimeout):
 
 def default_key(call: ToolCallInfo) -> str:
     if not call.tool_call_id:
-        raise ValueError(
-            f"tool {call.tool!r} was invoked without a tool call id: give guard_tool a key function"
-        )
+        raise ValueError(f"tool {call.tool!r} was invoked without a tool call id: give guard_tool a key function")
     return identifier(f"{call.thread_id}/{call.tool_call_id}")
 
 
@@ -211,7 +209,12 @@ class GuardedTool(BaseTool):
         target = self.target(call.arguments) if callable(self.target) else self.target
         estimate = self.estimate(call.arguments) if callable(self.estimate) else self.estimate
         guard = self.ledger.guard(
-            run_id, self.ledger_tool, call.arguments, key=key, target=target, estimate=estimate,
+            run_id,
+            self.ledger_tool,
+            call.arguments,
+            key=key,
+            target=target,
+            estimate=estimate,
             approval_timeout_seconds=0.0,
         )
         try:
@@ -265,9 +268,7 @@ class GuardedTool(BaseTool):
         if isinstance(arguments, str):
             return {"input": arguments}
         fields = schema_fields(self.wrapped)
-        return {
-            name: value for name, value in dict(arguments).items() if fields is None or name in fields
-        }
+        return {name: value for name, value in dict(arguments).items() if fields is None or name in fields}
 
 
 def guard_tool(
@@ -322,5 +323,11 @@ def guard_tools(
 
 
 __all__: Sequence[str] = [
-    "GuardedTool", "LedgerToolError", "ToolCallInfo", "default_key", "guard_tool", "guard_tools", "identifier",
+    "GuardedTool",
+    "LedgerToolError",
+    "ToolCallInfo",
+    "default_key",
+    "guard_tool",
+    "guard_tools",
+    "identifier",
 ]

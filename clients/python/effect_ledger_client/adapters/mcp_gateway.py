@@ -156,9 +156,7 @@ def parse_config(raw: Mapping[str, Any], folder: Path) -> GatewayConfig:
         root_certificates=_path(ledger, "ledger.root_certificates", folder),
         client_certificate=_path(ledger, "ledger.client_certificate", folder),
         client_key=_path(ledger, "ledger.client_key", folder),
-        ledger_timeout_seconds=_seconds(
-            ledger, "ledger.timeout_seconds", LEDGER_TIMEOUT_SECONDS_DEFAULT
-        ),
+        ledger_timeout_seconds=_seconds(ledger, "ledger.timeout_seconds", LEDGER_TIMEOUT_SECONDS_DEFAULT),
         run_id=run_id,
         run_request_id=request_id,
         run_labels=_strings(run, "run.labels"),
@@ -202,13 +200,9 @@ def _tool_rule(name: str, rule: Any) -> ToolRule:
         raise ConfigError(f"{where}.gated: true or false")
     ledger_tool = _text(rule, f"{where}.ledger_tool", name)
     if gated and not TOOL_NAME.fullmatch(ledger_tool):
-        raise ConfigError(
-            f"{where}.ledger_tool: {ledger_tool!r} is not a ledger tool name; set one"
-        )
+        raise ConfigError(f"{where}.ledger_tool: {ledger_tool!r} is not a ledger tool name; set one")
     key = rule.get("key")
-    if key is not None and not (
-        isinstance(key, list) and key and all(isinstance(item, str) for item in key)
-    ):
+    if key is not None and not (isinstance(key, list) and key and all(isinstance(item, str) for item in key)):
         raise ConfigError(f"{where}.key: a non-empty list of argument names")
     return ToolRule(
         name=name,
@@ -221,9 +215,7 @@ def _tool_rule(name: str, rule: Any) -> ToolRule:
     )
 
 
-def _table(
-    raw: Mapping[str, Any], name: str, *, required: bool = True, prefix: str = ""
-) -> Mapping[str, Any]:
+def _table(raw: Mapping[str, Any], name: str, *, required: bool = True, prefix: str = "") -> Mapping[str, Any]:
     value = raw.get(name)
     if value is None and not required:
         return {}
@@ -248,12 +240,7 @@ def _choice(table: Mapping[str, Any], where: str, choices: tuple[str, ...]) -> s
 
 def _seconds(table: Mapping[str, Any], where: str, default: float, *, zero: bool = False) -> float:
     value = table.get(where.rsplit(".", 1)[-1], default)
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or value < 0
-        or (value == 0 and not zero)
-    ):
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0 or (value == 0 and not zero):
         raise ConfigError(f"{where}: a {'non-negative' if zero else 'positive'} number of seconds")
     return float(value)
 
@@ -273,11 +260,7 @@ def _strings(table: Mapping[str, Any], where: str) -> dict[str, str]:
 
 def _command(upstream: Mapping[str, Any]) -> tuple[str, ...]:
     command = upstream.get("command")
-    if not (
-        isinstance(command, list)
-        and command
-        and all(isinstance(item, str) and item for item in command)
-    ):
+    if not (isinstance(command, list) and command and all(isinstance(item, str) and item for item in command)):
         raise ConfigError("upstream.command: a non-empty list of strings (argv)")
     # "{python}" names the interpreter the gateway runs on, so an example runs from any venv.
     return tuple(sys.executable if item == PYTHON_PLACEHOLDER else item for item in command)
@@ -296,9 +279,7 @@ class Refusal(Exception):
 
 
 def canonical_json(value: Any) -> str:
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    )
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def idempotency_key(rule: ToolRule, run_id: str, arguments: Mapping[str, Any]) -> str:
@@ -316,9 +297,7 @@ def idempotency_key(rule: ToolRule, run_id: str, arguments: Mapping[str, Any]) -
             )
         chosen = {name: arguments[name] for name in rule.key_arguments}
     scope = {"run": run_id} if rule.key_scope == "run" else {"tenant": True}
-    digest = hashlib.sha256(
-        canonical_json({"scope": scope, "arguments": chosen}).encode()
-    ).hexdigest()
+    digest = hashlib.sha256(canonical_json({"scope": scope, "arguments": chosen}).encode()).hexdigest()
     return f"mcp/{rule.ledger_tool}/{digest}"
 
 
@@ -408,15 +387,11 @@ def result_from_receipt(receipt: Receipt, effect_id: str) -> types.CallToolResul
 
 
 def _meta(**values: Any) -> dict[str, Any]:
-    return {
-        f"{META_PREFIX}{name}": value for name, value in values.items() if value not in (None, "")
-    }
+    return {f"{META_PREFIX}{name}": value for name, value in values.items() if value not in (None, "")}
 
 
 def tool_error(text: str, **meta: Any) -> types.CallToolResult:
-    return types.CallToolResult(
-        content=[types.TextContent(text=text)], is_error=True, _meta=_meta(**meta)
-    )
+    return types.CallToolResult(content=[types.TextContent(text=text)], is_error=True, _meta=_meta(**meta))
 
 
 def _reasons_text(reasons: list[Reason]) -> str:
@@ -466,9 +441,7 @@ def _prose(text: str, keep: str = "\n\t") -> str:
     input": control characters, line and paragraph separators, bidi controls) escaped as
     ``\\uXXXX``; ``keep``: the ones prose may hold."""
     return "".join(
-        f"\\u{ord(character):04x}"
-        if character not in keep and _refused_in_text(character)
-        else character
+        f"\\u{ord(character):04x}" if character not in keep and _refused_in_text(character) else character
         for character in text
     )
 
@@ -486,9 +459,7 @@ def _refused_in_text(character: str) -> bool:
 
 def _error_reason(result: types.CallToolResult) -> str:
     """The reason recorded with an isError answer: its text, bounded, as prose the ledger takes."""
-    return _prose(
-        f"the upstream tool answered an error: {_result_text(result)}"[:REASON_CHARACTERS_MAX]
-    )
+    return _prose(f"the upstream tool answered an error: {_result_text(result)}"[:REASON_CHARACTERS_MAX])
 
 
 def _result_text(result: types.CallToolResult) -> str:
@@ -499,9 +470,7 @@ def _result_text(result: types.CallToolResult) -> str:
 class Gateway:
     """The MCP server's handlers, over one upstream session and one run."""
 
-    def __init__(
-        self, config: GatewayConfig, ledger: AsyncLedger, run_id: str, upstream: ClientSession
-    ) -> None:
+    def __init__(self, config: GatewayConfig, ledger: AsyncLedger, run_id: str, upstream: ClientSession) -> None:
         self.config = config
         self.ledger = ledger
         self.run_id = run_id
@@ -515,9 +484,7 @@ class Gateway:
             on_call_tool=self.call_tool,
         )
 
-    async def list_tools(
-        self, _context: Any, params: types.PaginatedRequestParams | None
-    ) -> types.ListToolsResult:
+    async def list_tools(self, _context: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
         """The upstream's tools that the configuration names. A gated tool is listed without its
         output schema: a repeated call answers from a receipt, which need not carry it."""
         listing = await self.upstream.list_tools(params=params)
@@ -529,9 +496,7 @@ class Gateway:
             tools.append(tool.model_copy(update={"output_schema": None}) if rule.gated else tool)
         return types.ListToolsResult(tools=tools, next_cursor=listing.next_cursor)
 
-    async def call_tool(
-        self, _context: Any, params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    async def call_tool(self, _context: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
         rule = self.config.tools.get(params.name)
         if rule is None:
             return tool_error(
@@ -595,9 +560,7 @@ class Gateway:
         """Inside the guard, after ALLOW: call the upstream once and report what it answered."""
         meta = _meta(provider_key=effect.provider_key, effect_id=effect.effect_id)
         try:
-            result = await self._send_upstream(
-                call.rule.name, call.arguments, meta=meta, raise_errors=True
-            )
+            result = await self._send_upstream(call.rule.name, call.arguments, meta=meta, raise_errors=True)
         except Exception as error:  # whatever went wrong after sending, it may have happened
             raise _UpstreamUnknown(f"{type(error).__name__}: {error}") from error
         call.result = result
@@ -621,9 +584,7 @@ class Gateway:
         """tools/call on the upstream, without the client session's output-schema check: a result
         the upstream produced is its answer, valid or not, and it already happened."""
         request = types.CallToolRequest(
-            params=types.CallToolRequestParams.model_validate(
-                {"name": name, "arguments": arguments, "_meta": meta}
-            )
+            params=types.CallToolRequestParams.model_validate({"name": name, "arguments": arguments, "_meta": meta})
         )
         try:
             return await self.upstream.send_request(
@@ -745,9 +706,7 @@ async def resolve_run(ledger: AsyncLedger, config: GatewayConfig) -> str:
     if config.run_id:
         return (await ledger.runs.GetRun(runs_pb2.GetRunRequest(run_id=config.run_id))).run_id
     run = await ledger.runs.CreateRun(
-        runs_pb2.CreateRunRequest(
-            request_id=config.run_request_id, labels=config.run_labels, adapter=RUN_ADAPTER
-        )
+        runs_pb2.CreateRunRequest(request_id=config.run_request_id, labels=config.run_labels, adapter=RUN_ADAPTER)
     )
     return run.run_id
 

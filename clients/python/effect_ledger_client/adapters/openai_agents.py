@@ -156,7 +156,9 @@ class _Gate:
 
     def authorize_request(self, call: ToolCallInfo) -> gate_pb2.AuthorizeEffectRequest:
         return gate_pb2.AuthorizeEffectRequest(
-            run_id=call.run_id, tool=self.ledger_tool, idempotency_key=self.key(call),
+            run_id=call.run_id,
+            tool=self.ledger_tool,
+            idempotency_key=self.key(call),
             arguments_json=json.dumps(call.arguments, separators=(",", ":")).encode(),
             target=self._resolved(self.target, call.arguments) or self.ledger_tool,
             estimate=dict(self._resolved(self.estimate, call.arguments) or {}),
@@ -174,8 +176,11 @@ class _Gate:
         response = self.ledger.gate.AuthorizeEffect(self.authorize_request(call))
         if response.outcome == common_pb2.ALLOW:
             # Never dispatched: released, so the invocation's own ALLOW is the one that counts.
-            self.ledger.gate.ReleaseAttempt(gate_pb2.ReleaseAttemptRequest(
-                attempt_id=response.attempt_id, reason="asked before the call; the call authorizes its own"))
+            self.ledger.gate.ReleaseAttempt(
+                gate_pb2.ReleaseAttemptRequest(
+                    attempt_id=response.attempt_id, reason="asked before the call; the call authorizes its own"
+                )
+            )
             return False
         if response.outcome != common_pb2.REQUIRE_APPROVAL:
             return False
@@ -188,9 +193,13 @@ class _Gate:
         arguments = json.loads(input) if input.strip() else {}
         call = self.call_info(context.context, context.tool_call_id, arguments)
         guard = self.ledger.guard(
-            call.run_id, self.ledger_tool, call.arguments, key=self.key(call),
+            call.run_id,
+            self.ledger_tool,
+            call.arguments,
+            key=self.key(call),
             target=self._resolved(self.target, call.arguments),
-            estimate=self._resolved(self.estimate, call.arguments), approval_timeout_seconds=0.0,
+            estimate=self._resolved(self.estimate, call.arguments),
+            approval_timeout_seconds=0.0,
         )
         try:
             effect = await asyncio.to_thread(guard.__enter__)

@@ -12,23 +12,24 @@ Triggers and functions are not part of the SQLAlchemy metadata, so the drift che
 see them.
 
 """
+
 from collections.abc import Sequence
 
 from alembic import op
 
 # revision identifiers, used by Alembic.
-revision: str = '0005'
-down_revision: str | Sequence[str] | None = '0004'
+revision: str = "0005"
+down_revision: str | Sequence[str] | None = "0004"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 # Also in effect_ledger.storage.notifications.CHANNEL; a migration keeps its own copy, so that
 # it means the same thing whatever the code becomes.
-CHANNEL = 'effect_ledger_approval_events'
+CHANNEL = "effect_ledger_approval_events"
 
 
 def _is_postgresql() -> bool:
-    return op.get_bind().dialect.name == 'postgresql'
+    return op.get_bind().dialect.name == "postgresql"
 
 
 def upgrade() -> None:

@@ -9,13 +9,14 @@ them from it with CREATE OR REPLACE. A change of that text comes with a new revi
 the same statements again, so a database at head always holds the text the code calls.
 
 """
+
 from collections.abc import Sequence
 
 from alembic import op
 
 # revision identifiers, used by Alembic.
-revision: str = '0006'
-down_revision: str | Sequence[str] | None = '0005'
+revision: str = "0006"
+down_revision: str | Sequence[str] | None = "0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -7,13 +7,14 @@ answer, DUPLICATE, cannot change), so retries of a settled key do not queue on o
 functions are created again from effect_ledger/storage/gate_store.py (CREATE OR REPLACE).
 
 """
+
 from collections.abc import Sequence
 
 from alembic import op
 
 # revision identifiers, used by Alembic.
-revision: str = '0007'
-down_revision: str | Sequence[str] | None = '0006'
+revision: str = "0007"
+down_revision: str | Sequence[str] | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

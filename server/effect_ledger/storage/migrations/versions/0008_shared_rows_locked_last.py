@@ -8,13 +8,14 @@ concurrent callers do not queue on one budget row for the whole transaction. The
 created again from effect_ledger/storage/gate_store.py (CREATE OR REPLACE).
 
 """
+
 from collections.abc import Sequence
 
 from alembic import op
 
 # revision identifiers, used by Alembic.
-revision: str = '0008'
-down_revision: str | Sequence[str] | None = '0007'
+revision: str = "0008"
+down_revision: str | Sequence[str] | None = "0007"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

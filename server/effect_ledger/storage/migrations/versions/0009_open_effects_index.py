@@ -10,14 +10,15 @@ are created again from effect_ledger/storage/gate_store.py), where a join with t
 was planned as a scan of the whole attempts table.
 
 """
+
 from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
 
 # revision identifiers, used by Alembic.
-revision: str = '0009'
-down_revision: str | Sequence[str] | None = '0008'
+revision: str = "0009"
+down_revision: str | Sequence[str] | None = "0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -27,8 +28,12 @@ OPEN = "stage IN ('AUTHORIZED', 'DISPATCHED', 'UNKNOWN')"
 def upgrade() -> None:
     """Upgrade schema."""
     op.create_index(
-        "ix_effects_open_by_run", "effects", ["tenant_id", "run_id", "effect_id"], unique=False,
-        postgresql_where=sa.text(OPEN), sqlite_where=sa.text(OPEN),
+        "ix_effects_open_by_run",
+        "effects",
+        ["tenant_id", "run_id", "effect_id"],
+        unique=False,
+        postgresql_where=sa.text(OPEN),
+        sqlite_where=sa.text(OPEN),
     )
     from effect_ledger.storage import gate_store
 
