@@ -281,9 +281,10 @@ class Worker:
                 plan.settled = True
             elif outcome == "RECONCILE_REQUIRED":
                 self.reconcile_open(plan)
-            elif outcome == "DENY" and reasons == ["TARGET_HAS_UNKNOWN_EFFECT"]:
-                # Another client's effect on the shared target is UNKNOWN for a moment (its lease
-                # ran out while the server was down): that client reconciles it; ask again.
+            elif outcome == "DENY" and reasons and set(reasons) == {"TARGET_HAS_UNKNOWN_EFFECT"}:
+                # Other clients' effects on the shared target are UNKNOWN for a moment (their
+                # leases ran out while the server was down; one reason names each): those
+                # clients reconcile them; ask again.
                 plan.denied_for_target += 1
                 time.sleep(DENIED_PAUSE_SECONDS)
             else:
