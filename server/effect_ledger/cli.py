@@ -24,7 +24,7 @@ from effect_ledger.config import Limits, ServerSettings
 from effect_ledger.domain.canonical import canonical_bytes
 from effect_ledger.domain.contracts import check_identifier
 from effect_ledger.domain.model import Role
-from effect_ledger.domain.trace import first_break
+from effect_ledger.domain.trace import walk_chain
 from effect_ledger.errors import InvalidArgument
 from effect_ledger.observability import logs
 from effect_ledger.storage.dialect import normalize_url
@@ -202,6 +202,8 @@ def _limits_problem(options: argparse.Namespace) -> str | None:
             return f"--{name.replace('_', '-')} must be at least 1"
     if options.stream_lifetime_max_seconds <= 0:
         return "--stream-lifetime-max-seconds must be positive"
+    if options.retention_age_min_seconds < 1 or options.retention_interval_seconds < 0:
+        return "--retention-age-min-seconds must be at least 1 and --retention-interval-seconds 0 or more"
     return None
 
 
@@ -307,6 +309,9 @@ def command_serve(options: argparse.Namespace) -> int:
         maximum_concurrent_rpcs=options.maximum_concurrent_rpcs,
         grace_seconds=options.grace_seconds,
         lease_sweep_interval_seconds=options.lease_sweep_interval_seconds,
+        scheduler_interval_seconds=options.scheduler_interval_seconds,
+        retention_interval_seconds=options.retention_interval_seconds,
+        retention_age_min_seconds=options.retention_age_min_seconds,
         reconcile_grace_seconds=options.reconcile_grace_seconds,
         database_pool_size=options.database_pool_size,
         port_file=options.port_file,
@@ -650,10 +655,17 @@ def command_checkpoint_keys(options: argparse.Namespace) -> int:
 
 def verify_chains(url: str) -> list[str]:
     """Walk every run's hash chain; one line per run whose chain is broken."""
+    return verify_report(url)[0]
+
+
+def verify_report(url: str) -> tuple[list[str], list[str]]:
+    """Walk every run's hash chain: (one line per broken run, one line per run with events
+    whose payload retention removed, each vouched for by its tombstone)."""
+    from effect_ledger.storage.retention_store import tombstones_of_run_sync
     from effect_ledger.storage.schema import run_events, runs
 
     engine = create_sync(DatabaseSettings(url))
-    problems = []
+    problems, removed = [], []
     try:
         with engine.connect() as connection:
             if connection.dialect.name == "postgresql":
@@ -679,24 +691,79 @@ def verify_chains(url: str) -> list[str]:
                     }
                     for row in rows
                 ]
-                found = first_break(run.tenant_id, run.run_id, events, run.revision, run.head_hash)
+                tombstones = tombstones_of_run_sync(connection, run.tenant_id, run.run_id)
+                walked = walk_chain(run.tenant_id, run.run_id, events, run.revision, run.head_hash, tombstones)
+                found = walked.chain_break
                 if found is not None:
                     problems.append(
                         f"tenant {run.tenant_id} run {found.run_id} revision {found.revision}: {found.problem}"
                     )
+                if walked.removed_by_retention:
+                    removed.append(
+                        f"tenant {run.tenant_id} run {run.run_id}: {walked.removed_by_retention} event(s) "
+                        "removed by retention (each matches its tombstone)"
+                    )
     finally:
         engine.dispose()
-    return problems
+    return problems, removed
 
 
 def command_verify(options: argparse.Namespace) -> int:
-    problems = verify_chains(_database_url(options))
+    problems, removed = verify_report(_database_url(options))
+    for line in removed:
+        print(line)
     for line in problems:
         print(line)
     if problems:
         print(f"{len(problems)} run(s) with a broken hash chain", file=sys.stderr)
         return 1
     print("every run's hash chain verifies")
+    return 0
+
+
+# --- collect -------------------------------------------------------------------------------
+
+
+def collect_retention(url: str, tenant_id: str, dry_run: bool) -> dict[str, int]:
+    """Run the retention collector now: one tenant, or every tenant that has a rule."""
+    from effect_ledger.domain.retention import COLLECTOR, Kind
+    from effect_ledger.service import retention
+    from effect_ledger.storage.engine import Database, create_async
+
+    async def main() -> dict[str, int]:
+        database = Database(create_async(DatabaseSettings(url)))
+        try:
+            if tenant_id:
+                counts = await retention.collect(
+                    database, tenant_id, COLLECTOR, dry_run=dry_run, batches_max=COLLECT_BATCHES_MAX
+                )
+            else:
+                counts = await retention.collect_every_tenant(
+                    database, dry_run=dry_run, batches_per_tenant_max=COLLECT_BATCHES_MAX
+                )
+        finally:
+            await database.dispose()
+        found = {kind.value.lower(): counts.removed[kind] for kind in Kind}
+        return {**found, "tombstones_written": counts.tombstones_written, "more": int(counts.more)}
+
+    return asyncio.run(main())
+
+
+# A command-line collection goes on until nothing collectable is left (up to a billion rows).
+COLLECT_BATCHES_MAX = 1_000_000
+
+
+def command_collect(options: argparse.Namespace) -> int:
+    url = _database_url(options)
+    _migrate(url)
+    if options.tenant:
+        try:
+            check_identifier(options.tenant, "tenant")
+        except InvalidArgument as error:
+            print(f"effect-ledger: {error}", file=sys.stderr)
+            return 2
+    counts = collect_retention(url, options.tenant, options.dry_run)
+    print(json.dumps({"dry_run": options.dry_run, **counts}, sort_keys=True))
     return 0
 
 
@@ -839,6 +906,24 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--grace-seconds", type=float, default=_env_number("grace-seconds", float, "10"))
     serve.add_argument(
         "--lease-sweep-interval-seconds", type=float, default=_env_number("lease-sweep-interval-seconds", float, "1")
+    )
+    serve.add_argument(
+        "--scheduler-interval-seconds",
+        type=float,
+        default=_env_number("scheduler-interval-seconds", float, "1"),
+        help="how often this process fires the scheduled intents that are due (0: never)",
+    )
+    serve.add_argument(
+        "--retention-interval-seconds",
+        type=float,
+        default=_env_number("retention-interval-seconds", float, "0"),
+        help="how often the retention collector runs over every tenant (0: never; docs/retention.md)",
+    )
+    serve.add_argument(
+        "--retention-age-min-seconds",
+        type=int,
+        default=_env_number("retention-age-min-seconds", int, "3600"),
+        help="the shortest max_age_seconds a retention rule may have",
     )
     serve.add_argument(
         "--reconcile-grace-seconds",
@@ -1016,6 +1101,14 @@ def build_parser() -> argparse.ArgumentParser:
     verify = commands.add_parser("verify", help="walk every run's hash chain")
     _database_argument(verify)
     verify.set_defaults(handler=command_verify)
+
+    collect = commands.add_parser(
+        "collect", help="run the retention collector now (docs/retention.md): every tenant with a rule, or one"
+    )
+    _database_argument(collect)
+    collect.add_argument("--tenant", default="", help="only this tenant")
+    collect.add_argument("--dry-run", action="store_true", help="count what would be removed; remove nothing")
+    collect.set_defaults(handler=command_collect)
 
     policy_test = commands.add_parser("policy-test", help="run the policy's _test.rego files")
     policy_test.add_argument("--policy-dir", default=_env("policy-dir"))

@@ -29,7 +29,9 @@ from effectledger.v1 import (
     checkpoints_pb2_grpc,
     gate_pb2_grpc,
     principals_pb2_grpc,
+    retention_pb2_grpc,
     runs_pb2_grpc,
+    schedules_pb2_grpc,
     tools_pb2_grpc,
 )
 
@@ -79,6 +81,7 @@ def error_from_rpc(error: grpc.RpcError) -> errors.LedgerError:
         result = errors.NotFound(
             metadata.get("resource_type", "resource"), metadata.get("resource_name", ""), reason=reason
         )
+        result.metadata.update(metadata)  # all of it (REMOVED_BY_RETENTION names its tombstone)
     elif error_class is errors.Unavailable and reason in ("POLICY_UNAVAILABLE", "POLICY_UNDEFINED"):
         result = errors.PolicyUnavailable(message, reason=reason, metadata=metadata)
     elif error_class is errors.Unavailable and reason == "STORAGE_UNAVAILABLE":
@@ -144,6 +147,8 @@ class LedgerClient:
         self.budgets = _Stub(budgets_pb2_grpc.BudgetsStub(self.channel), metadata, timeout_seconds)
         self.checkpoints = _Stub(checkpoints_pb2_grpc.CheckpointsStub(self.channel), metadata, timeout_seconds)
         self.principals = _Stub(principals_pb2_grpc.PrincipalsStub(self.channel), metadata, timeout_seconds)
+        self.schedules = _Stub(schedules_pb2_grpc.SchedulesStub(self.channel), metadata, timeout_seconds)
+        self.retention = _Stub(retention_pb2_grpc.RetentionStub(self.channel), metadata, timeout_seconds)
 
     def close(self) -> None:
         self.channel.close()

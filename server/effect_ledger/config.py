@@ -49,6 +49,13 @@ class ServerSettings:
     maximum_concurrent_rpcs: int = 256
     grace_seconds: float = 10.0
     lease_sweep_interval_seconds: float = 1.0
+    # Every server process looks for scheduled intents that are due this often (0: never; a
+    # deployment needs at least one process that does).
+    scheduler_interval_seconds: float = 1.0
+    # The retention collector runs over every tenant this often (0: never; CollectRetention and
+    # `effect-ledger collect` run it on demand), and the shortest rule an admin may set.
+    retention_interval_seconds: float = 0.0
+    retention_age_min_seconds: int = 3600
     # With PostgreSQL's autovacuum off, stale planner statistics are refreshed and tables with
     # many dead rows vacuumed this often (by one worker per host).
     statistics_interval_seconds: float = 5.0

@@ -72,6 +72,11 @@ ERROR_REASONS: tuple[ErrorReason, ...] = tuple(
                 ("TOO_MANY_LABELS", "Send at most 32 labels."),
                 ("INVALID_TTL", "Ask for an approval `ttl_seconds` between 0 (the default) and the server's maximum."),
                 ("INVALID_EXPIRY", "Give a token expiry between 1 second and 10 years from now."),
+                ("SCHEDULE_TIME_REQUIRED", "Give either `not_before` or `delay_seconds` (one of the two)."),
+                (
+                    "SCHEDULE_TIME_INVALID",
+                    "Schedule at most 400 days ahead, with a deadline after `not_before` that has not passed.",
+                ),
                 ("JSON_REQUIRED", "Send the JSON field; it may not be empty."),
                 ("JSON_TOO_LARGE", "Send at most the bytes the message states (64 KiB by default)."),
                 ("JSON_INVALID_UTF8", "Encode the JSON as UTF-8."),
@@ -102,6 +107,10 @@ ERROR_REASONS: tuple[ErrorReason, ...] = tuple(
                 ("CREDENTIALS_REFUSED", "Give the artifact's location without credentials in it."),
                 ("ARCHIVE_INVALID", "Send the archive ExportCheckpoint produced, unaltered and in one stream."),
                 ("KEY_INVALID", "Give an unencrypted Ed25519 key in PEM form."),
+                (
+                    "INVALID_MAX_AGE",
+                    "Give a retention `max_age_seconds` of 0 (keep forever) or within the bounds the message states.",
+                ),
             ),
             # --- UNAUTHENTICATED: who is calling is not known -------------------------------
             *_errors(
@@ -124,6 +133,10 @@ ERROR_REASONS: tuple[ErrorReason, ...] = tuple(
                 Retry.NO,
                 ("PERMISSION_DENIED", "Call as a principal with the authority the message names."),
                 ("ROLE_REQUIRED", "Call as a principal holding one of the RPC's roles (docs/api.md)."),
+                (
+                    "SCHEDULE_NOT_OWNED",
+                    "Cancel a schedule as the agent that made it, or as an operator or an admin.",
+                ),
                 (
                     "ATTEMPT_NOT_OWNED",
                     "Act on an attempt as the principal that was allowed it, or as an operator or an admin.",
@@ -170,6 +183,13 @@ ERROR_REASONS: tuple[ErrorReason, ...] = tuple(
                 ("PRINCIPAL_NOT_FOUND", "Check principal_id: it names no principal of the caller's tenant."),
                 ("CHECKPOINT_NOT_FOUND", "Check checkpoint_id: it names no checkpoint of the caller's tenant."),
                 ("ARTIFACT_NOT_FOUND", "Put or declare the artifact first, or check its digest."),
+                ("LEGAL_HOLD_NOT_FOUND", "Check run_id: the run has never been held (PlaceLegalHold)."),
+                (
+                    "REMOVED_BY_RETENTION",
+                    "Nothing to retry: retention removed it (metadata: kind, removed_at, rule_max_age_seconds, "
+                    "tombstone_id, material_digest). Keep it longer with a legal hold or a longer rule next time.",
+                ),
+                ("SCHEDULE_NOT_FOUND", "Check schedule_id: it names no schedule of the caller's tenant."),
             ),
             # --- ALREADY_EXISTS -------------------------------------------------------------
             *_errors(
@@ -230,6 +250,15 @@ ERROR_REASONS: tuple[ErrorReason, ...] = tuple(
                     "Import an archive that no trusted key signed only as a new run.",
                 ),
                 ("TOOL_RETIRED", "Use another tool: a retired one is never approved or authorized."),
+                (
+                    "EFFECT_ALREADY_SUCCEEDED",
+                    "Nothing to reconsider: the key's effect SUCCEEDED (AuthorizeEffect answers DUPLICATE).",
+                ),
+                (
+                    "SCHEDULE_EXISTS",
+                    "Cancel the key's open schedule (metadata `schedule_id`) first, or wait for it.",
+                ),
+                ("SCHEDULE_CLOSED", "Read the schedule: it was consumed, cancelled or expired already."),
             ),
             *_errors(
                 errors.FailedPrecondition,
@@ -240,6 +269,10 @@ ERROR_REASONS: tuple[ErrorReason, ...] = tuple(
                     "`not_happened`.",
                 ),
                 ("TOOL_UNKNOWN", "Have an admin register the tool's contract (PutToolContract)."),
+                (
+                    "BUDGET_EXHAUSTED",
+                    "Schedule without holding budget, or after budget is released or raised (ScheduleIntent).",
+                ),
                 (
                     "ARGUMENTS_SCHEMA_UNUSABLE",
                     "Have an admin register a new contract revision whose arguments schema the service can use.",
@@ -479,6 +512,12 @@ DECISION_REASONS: tuple[DecisionReason, ...] = tuple(
                 Outcome.DENY,
                 _BOTH_GATES,
                 "Use the live tool: a simulator cannot act for a live run.",
+            ),
+            DecisionReason(
+                "SCHEDULE_NOT_DUE",
+                Outcome.DENY,
+                _GATE,
+                "Wait for the key's scheduled intent to be due (WatchDueIntents), or cancel it (CancelSchedule).",
             ),
             DecisionReason(
                 "RECONCILE_AFTER_RESUME",

@@ -51,6 +51,7 @@ EXPECTED_FILES = {
     "ledger/budgets.json",
     "ledger/tools.json",
     "ledger/policy.json",
+    "ledger/schedules.json",
 }
 STATE = {"plan": ["reply to bob", "wire the deposit"], "step": 2, "notes": "waiting on the provider"}
 WIRE = "payment.wire"

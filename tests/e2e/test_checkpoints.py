@@ -62,7 +62,8 @@ def test_an_unknown_effect_survives_a_crash_and_a_model_switch(own_server, tenan
     assert ledger["effects"]["open"][0]["stage"] == "UNKNOWN"
     assert ledger["policy"]["revision"] == sent.policy_revision
     manifest = json.loads(sealed.manifest_json)
-    assert set(manifest["sections"]) == {"effects", "approvals", "budgets", "tools", "policy"}
+    assert set(manifest["sections"]) == {"effects", "approvals", "budgets", "tools", "policy", "schedules"}
+    assert ledger["schedules"] == []  # none open
     events = agent.runs.ListRunEvents(runs_pb2.ListRunEventsRequest(run_id=run_id)).events
     assert events[-1].type == "checkpoint.sealed" and events[-1].revision == revision + 1
 
@@ -168,6 +169,7 @@ def test_export_import_round_trip_and_fork(server, tenant):
         "ledger/budgets.json",
         "ledger/tools.json",
         "ledger/policy.json",
+        "ledger/schedules.json",
         "manifest.sig",
     }  # signed by the deployment's own key
     readme = tarfile.open(fileobj=io.BytesIO(archive)).extractfile("README.md").read().decode()

@@ -40,7 +40,9 @@ from effectledger.v1 import (
     checkpoints_pb2,
     common_pb2,
     gate_pb2,
+    retention_pb2,
     runs_pb2,
+    schedules_pb2,
     tools_pb2,
 )
 from support import (
@@ -290,6 +292,10 @@ ENUM_FIELDS = {
     ("Checkpoints", "ForkRun", "world"),
     ("Gate", "ListEffects", "stages"),
     ("Gate", "ListDecisions", "outcome"),
+    ("Retention", "PutRetentionRule", "kind"),
+    ("Schedules", "ScheduleIntent", "purpose"),
+    ("Schedules", "ScheduleIntent", "cancel_conditions"),
+    ("Schedules", "ListSchedules", "state"),
 }
 
 
@@ -350,6 +356,18 @@ def test_an_undefined_enum_number_is_invalid_argument_in_every_request(server, t
         "outcome": lambda: agent.gate.ListDecisions(gate_pb2.ListDecisionsRequest(outcome=UNDEFINED)),
         "world": lambda: stub.ForkRun(
             checkpoints_pb2.ForkRunRequest(checkpoint_id="chk_x", world=UNDEFINED, difference="what if")
+        ),
+        "purpose": lambda: agent.schedules.ScheduleIntent(
+            schedules_pb2.ScheduleIntentRequest(run_id=run_id, purpose=UNDEFINED, delay_seconds=5)
+        ),
+        "cancel_conditions[0]": lambda: agent.schedules.ScheduleIntent(
+            schedules_pb2.ScheduleIntentRequest(
+                run_id=run_id, purpose=schedules_pb2.DELAYED_RETRY, cancel_conditions=[UNDEFINED], delay_seconds=5
+            )
+        ),
+        "state (schedules)": lambda: agent.schedules.ListSchedules(schedules_pb2.ListSchedulesRequest(state=UNDEFINED)),
+        "kind": lambda: admin.retention.PutRetentionRule(
+            retention_pb2.PutRetentionRuleRequest(kind=UNDEFINED, max_age_seconds=3600)
         ),
     }
     for field, call in calls.items():

@@ -12,7 +12,15 @@ import itertools
 import pytest
 
 from effect_ledger.errors import LedgerError
-from effectledger.v1 import approvals_pb2, budgets_pb2, common_pb2, gate_pb2, runs_pb2
+from effectledger.v1 import (
+    approvals_pb2,
+    budgets_pb2,
+    common_pb2,
+    gate_pb2,
+    retention_pb2,
+    runs_pb2,
+    schedules_pb2,
+)
 from support import REPO, authorize_request, contract, new_run, unknown
 
 ROLES = ("agent", "operator", "admin", "reviewer", "auditor")
@@ -98,8 +106,43 @@ def _call(rpc: str, client, agent, run_id: str) -> None:
         client.approvals.DecideApproval(
             approvals_pb2.DecideApprovalRequest(approval_id=approval.approval_id, approve=True, comment="ok")
         )
+    elif rpc == "PutRetentionRule":
+        client.retention.PutRetentionRule(
+            retention_pb2.PutRetentionRuleRequest(kind=retention_pb2.SNAPSHOTS, max_age_seconds=0)
+        )
+    elif rpc == "ListRetentionRules":
+        client.retention.ListRetentionRules(retention_pb2.ListRetentionRulesRequest())
+    elif rpc == "PlaceLegalHold":
+        client.retention.PlaceLegalHold(retention_pb2.PlaceLegalHoldRequest(run_id=run_id, reason="roles table"))
+    elif rpc == "ReleaseLegalHold":
+        client.retention.ReleaseLegalHold(retention_pb2.ReleaseLegalHoldRequest(run_id=run_id))
+    elif rpc == "ListLegalHolds":
+        client.retention.ListLegalHolds(retention_pb2.ListLegalHoldsRequest())
+    elif rpc == "CollectRetention":
+        client.retention.CollectRetention(retention_pb2.CollectRetentionRequest(dry_run=True))
+    elif rpc == "ScheduleIntent":
+        client.schedules.ScheduleIntent(_schedule_request(run_id))
+    elif rpc == "ListSchedules":
+        client.schedules.ListSchedules(schedules_pb2.ListSchedulesRequest(run_id=run_id))
+    elif rpc == "CancelSchedule":
+        made = agent.schedules.ScheduleIntent(_schedule_request(run_id))
+        client.schedules.CancelSchedule(
+            schedules_pb2.CancelScheduleRequest(schedule_id=made.schedule_id, reason="roles table")
+        )
     else:  # pragma: no cover - a row the test does not know
         raise AssertionError(f"the roles table names an RPC this test cannot call: {rpc}")
+
+
+def _schedule_request(run_id: str) -> schedules_pb2.ScheduleIntentRequest:
+    return schedules_pb2.ScheduleIntentRequest(
+        run_id=run_id,
+        tool="email.send",
+        arguments_json=b'{"n":%d}' % next(_keys),
+        idempotency_key=f"roles-{next(_keys)}",
+        target="mailto:bob@example.com",
+        purpose=schedules_pb2.DELAYED_RETRY,
+        delay_seconds=3600,
+    )
 
 
 @pytest.mark.parametrize("rpc", sorted(TABLE))

@@ -22,8 +22,12 @@ from effect_ledger_client.proto import (
     gate_pb2_grpc,
     principals_pb2,
     principals_pb2_grpc,
+    retention_pb2,
+    retention_pb2_grpc,
     runs_pb2,
     runs_pb2_grpc,
+    schedules_pb2,
+    schedules_pb2_grpc,
     tools_pb2,
     tools_pb2_grpc,
 )
@@ -44,6 +48,14 @@ SERVICES = {
     "principals": (
         principals_pb2_grpc.PrincipalsStub,
         principals_pb2.DESCRIPTOR.services_by_name["Principals"],
+    ),
+    "retention": (
+        retention_pb2_grpc.RetentionStub,
+        retention_pb2.DESCRIPTOR.services_by_name["Retention"],
+    ),
+    "schedules": (
+        schedules_pb2_grpc.SchedulesStub,
+        schedules_pb2.DESCRIPTOR.services_by_name["Schedules"],
     ),
 }
 

@@ -41,6 +41,8 @@ class AsyncLedger:
     budgets: Service
     checkpoints: Service
     principals: Service
+    retention: Service
+    schedules: Service
 
     def __init__(
         self,

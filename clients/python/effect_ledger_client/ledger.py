@@ -40,6 +40,8 @@ class Ledger:
     budgets: Service
     checkpoints: Service
     principals: Service
+    retention: Service
+    schedules: Service
 
     def __init__(
         self,

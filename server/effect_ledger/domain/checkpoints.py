@@ -28,6 +28,9 @@ from effect_ledger.errors import FailedPrecondition, InvalidArgument, Preconditi
 FORMAT_VERSION = 2
 READABLE_FORMATS = (1, 2)
 SECTIONS = ("effects", "approvals", "budgets", "tools", "policy")
+# Sections added within format 2: checked whenever the manifest or the ledger names them (an
+# archive sealed before they existed has neither, and still verifies).
+LATER_SECTIONS = ("schedules",)
 ARTIFACTS_MAX = 256
 STATE_SIZE_MAX_BYTES = 1024 * 1024
 ARCHIVE_SIZE_MAX_BYTES = 32 * 1024 * 1024
@@ -178,7 +181,13 @@ def manifest_problems(
     problems = []
     if manifest.get("state_digest") != section_digest(state):
         problems.append("state")
-    for name in SECTIONS if manifest.get("format_version") == FORMAT_VERSION else sorted(ledger):
+    if manifest.get("format_version") == FORMAT_VERSION:
+        sections = manifest.get("sections")
+        listed: dict[str, Any] = sections if isinstance(sections, dict) else {}
+        names = [*SECTIONS, *(n for n in LATER_SECTIONS if n in ledger or n in listed)]
+    else:
+        names = sorted(ledger)
+    for name in names:
         if manifest.get("sections", {}).get(name) != (section_digest(ledger[name]) if name in ledger else None):
             problems.append(f"section:{name}")
     if manifest.get("artifacts") != [ref.as_json() for ref in sorted(artifacts, key=lambda r: r.name)]:
@@ -211,8 +220,13 @@ def compatibility(
     artifacts: list[ArtifactRef],
     artifact_status: dict[str, ArtifactStatus],
     unresolved_effects: list[str],
+    removed_by_retention: dict[str, str] | None = None,
 ) -> CompatibilityVerdict:
-    """One reason per incompatible fact; a missing optional artifact only degrades."""
+    """One reason per incompatible fact; a missing optional artifact only degrades.
+
+    ``removed_by_retention``: for an artifact retention collected, by digest, what its
+    tombstone says (when and under which rule), given as the reason instead of "tombstone"."""
+    removed = removed_by_retention or {}
     problems: list[FactProblem] = []
     if not registered:
         problems.append(FactProblem("status", "the checkpoint is not registered; only a registered one can be resumed"))
@@ -238,7 +252,7 @@ def compatibility(
     for ref in sorted(artifacts, key=lambda r: r.name):
         status = artifact_status.get(ref.digest)
         if status != ArtifactStatus.COMPLETE:
-            what = "missing" if status is None else status.value.lower()
+            what = "missing" if status is None else removed.get(ref.digest, status.value.lower())
             problems.append(
                 FactProblem(
                     f"artifact:{ref.name}",
@@ -328,6 +342,19 @@ def readme_text(manifest: dict[str, Any], state: Any, ledger: dict[str, Any]) ->
             f"- {b['scope']} {b['dimension']}: limit {b['limit']}, posted {b['posted']}, pending {b['pending']}."
             for b in budgets["budgets"]
         ] or ["No budget applies."]
+    scheduled = ledger.get("schedules")
+    if isinstance(scheduled, list):  # recorded since scheduled intents exist (still format 2)
+        lines += ["", "## Scheduled intents", ""]
+        lines += [
+            f"- schedule {s['schedule_id']}: {s['tool']} on {s['target']} (key {s['idempotency_key']}), "
+            f"{s['purpose']}, reconsidered from {s['next_eligibility']} by the {s['governing_clock']} clock"
+            + (f" until {s['deadline']}" if s.get("deadline") else "")
+            + "."
+            for s in scheduled
+        ] or ["None."]
+        if scheduled:
+            lines.append("")
+            lines.append("Each is an intention to reconsider, not a permission: the gate decides again when it is due.")
     lines += [
         "",
         "## What is safe next",

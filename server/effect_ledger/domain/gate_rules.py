@@ -39,6 +39,8 @@ class IntentFacts:
     intent: Intent
     # Effects open at a resume of the run that are still open (the gate refuses new effects).
     obligations: tuple[str, ...] = ()
+    # The key's scheduled intent is not due yet (SCHEDULE_NOT_DUE), whatever policy says.
+    schedule_refusal: Reason | None = None
 
 
 def receipt_fact(receipt: Receipt | None) -> dict[str, Any] | None:
@@ -143,7 +145,7 @@ def combine(
 
 def run_refusals(facts: IntentFacts) -> tuple[Reason, ...]:
     """What the run itself forbids, checked by the service whatever policy says."""
-    refusals = []
+    refusals = [facts.schedule_refusal] if facts.schedule_refusal is not None else []
     contract = facts.pinned or facts.current
     if contract is not None:
         if facts.run.world == "SIMULATED" and not contract.simulator:

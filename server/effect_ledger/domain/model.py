@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from effect_ledger.domain.retention import Tombstone
+
 
 class Role(enum.StrEnum):
     AGENT = "agent"
@@ -219,6 +221,8 @@ class RunEvent:
     created_at: datetime
     prev_hash: str
     hash: str
+    # Set when retention removed the payload (it is then the marker naming this tombstone).
+    removed_by_retention: Tombstone | None = None
 
 
 @dataclass(frozen=True)

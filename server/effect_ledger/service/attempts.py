@@ -36,6 +36,7 @@ from effect_ledger.domain.model import (
     ToolContract,
 )
 from effect_ledger.domain.policy_input import build_reconcile_input
+from effect_ledger.domain.retention import Kind
 from effect_ledger.errors import (
     CommitThenRaise,
     FailedPrecondition,
@@ -45,7 +46,7 @@ from effect_ledger.errors import (
     PreconditionViolation,
 )
 from effect_ledger.policy.engine import RECONCILE_PACKAGE, PolicyEngine, undefined
-from effect_ledger.service import budgets
+from effect_ledger.service import budgets, retention
 from effect_ledger.service.budgets import Settlement
 from effect_ledger.service.leases import (
     lease_seconds_of,
@@ -510,5 +511,6 @@ class AttemptReports:
         check_identifier(decision_id, "decision_id")
         decision = await repo.get_decision(unit.connection, principal.tenant_id, decision_id)
         if decision is None:
+            await retention.raise_if_removed(unit, principal.tenant_id, Kind.DECISIONS, decision_id, "decision")
             raise NotFound("decision", decision_id)
         return decision

@@ -10,6 +10,7 @@ from typing import Any
 from effect_ledger.config import Limits
 from effect_ledger.domain import budgets as budget_rules
 from effect_ledger.domain import lifecycle
+from effect_ledger.domain import schedules as schedule_rules
 from effect_ledger.domain.approvals import Intent
 from effect_ledger.domain.budgets import Budget
 from effect_ledger.domain.canonical import canonical_bytes, intent_digest, parse_json, sha256_hex
@@ -39,6 +40,7 @@ from effect_ledger.domain.model import (
     ToolContract,
 )
 from effect_ledger.domain.policy_input import build_policy_input
+from effect_ledger.domain.schedules import ScheduleState
 from effect_ledger.errors import (
     CommitThenRaise,
     Conflict,
@@ -49,7 +51,7 @@ from effect_ledger.errors import (
     PreconditionViolation,
 )
 from effect_ledger.policy.engine import PolicyDecision, PolicyEngine
-from effect_ledger.service import approvals, argument_checks, budgets
+from effect_ledger.service import approvals, argument_checks, budgets, schedules
 from effect_ledger.service.approvals import ApprovalSettings
 from effect_ledger.service.leases import (
     adopt_clock,
@@ -106,6 +108,7 @@ class AuthorizeResult:
     effect_stage: Stage | None
     approval_request_id: str = ""
     reservation_ids: tuple[str, ...] = ()
+    schedule_id: str = ""
 
 
 def validate_authorize(request: AuthorizeRequest, limits: Limits) -> dict[str, Any]:
@@ -211,6 +214,14 @@ class Authorizer:
         facts = await self._intent_facts(unit, principal, request, arguments)
         if facts.verdict.kind == VerdictKind.KEY_REUSED:
             await self._refuse_reused_key(unit, principal, request, facts.effect, facts.digest, facts.verdict)
+        schedule = await schedules.for_gate(unit, principal.tenant_id, request.idempotency_key)
+        schedule_refusal = schedule_rules.gate_refusal(schedule, unit.now)
+        if schedule_refusal is not None:
+            facts = replace(facts, schedule_refusal=schedule_refusal)
+        elif schedule is not None:
+            # Due: reconsidered now, under the policy current now; what it held is given back
+            # first, so that the attempt (if any) reserves its own estimate in its place.
+            await schedules.release_for_reconsideration(unit, principal.tenant_id, schedule)
         contract = facts.pinned or facts.current
         wanted = budget_rules.merged_estimate(request.estimate, contract.default_estimate if contract else {})
         estimate = budget_rules.validate_amounts(
@@ -258,6 +269,16 @@ class Authorizer:
             )
             admitted = replace(admitted, approval_request_id=requested.approval_id)
         await repo.insert_decision(unit.connection, principal.tenant_id, decision)
+        if schedule is not None and schedule_refusal is None:
+            await schedules.close(
+                unit,
+                principal.tenant_id,
+                schedule,
+                ScheduleState.CONSUMED,
+                principal.principal_id,
+                f"reconsidered: {decision.outcome.value}",
+                decision.decision_id,
+            )
         effect = admitted.effect
         return AuthorizeResult(
             outcome=decision.outcome,
@@ -272,6 +293,7 @@ class Authorizer:
             effect_stage=effect.stage if effect is not None else None,
             approval_request_id=admitted.approval_request_id,
             reservation_ids=admitted.reservation_ids,
+            schedule_id=schedule.schedule_id if schedule is not None else "",
         )
 
     async def _intent_facts(

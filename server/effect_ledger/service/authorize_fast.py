@@ -5,8 +5,8 @@ the clock read after the lock), the decision is made here with the same rules as
 path (``Gate.authorize``: the ledger's verdict, the policy input, policy, ``combine``), and one
 round trip writes it and commits (``gate_store.apply``). The general path stays for
 what this one does not handle; ``Fallback`` hands the call over to it before anything is
-written: a lease to record as expired, approvals on the run for the tool, a fork's ancestors,
-a budget period to roll over, a reused key, REQUIRE_APPROVAL.
+written: a lease to record as expired, approvals on the run for the tool, a scheduled intent of
+the key, a fork's ancestors, a budget period to roll over, a reused key, REQUIRE_APPROVAL.
 """
 
 from __future__ import annotations
@@ -138,6 +138,8 @@ async def authorize(
         raise NotFound("run", request.run_id)
     if facts.has_approvals:
         raise Fallback("approvals exist for this tool on the run: the general path binds them")
+    if facts.has_schedule:
+        raise Fallback("the key has an open scheduled intent: the general path judges and consumes it")
     now = facts.now
     assert now is not None
     intent = await _intent_facts(facts, request, arguments, principal.tenant_id)

@@ -206,9 +206,21 @@ async def settle(
     unit: UnitOfWork, tenant_id: str, attempts: list[Attempt], how: Settlement, usage: dict[str, int] | None = None
 ) -> list[Reservation]:
     """Settle the pending reservations of attempts whose outcome is now known; returns them."""
-    if not attempts:
+    return await settle_holders(unit, tenant_id, [a.attempt_id for a in attempts], how, usage)
+
+
+async def release_holder(unit: UnitOfWork, tenant_id: str, holder_id: str) -> list[Reservation]:
+    """Void what one holder (an attempt, or a scheduled intent: ``sch_...``) still has reserved."""
+    return await settle_holders(unit, tenant_id, [holder_id], Settlement.VOID)
+
+
+async def settle_holders(
+    unit: UnitOfWork, tenant_id: str, holder_ids: list[str], how: Settlement, usage: dict[str, int] | None = None
+) -> list[Reservation]:
+    """Settle the pending reservations made for these holders (attempt or schedule ids)."""
+    if not holder_ids:
         return []
-    pending = await store.pending_reservations_of_attempts(unit.connection, tenant_id, [a.attempt_id for a in attempts])
+    pending = await store.pending_reservations_of_attempts(unit.connection, tenant_id, holder_ids)
     for reservation in pending:
         if how == Settlement.POST:
             posted = rules.settle_amount(reservation, usage)

@@ -15,6 +15,7 @@ from effect_ledger.domain.checkpoints import ArtifactRef, ArtifactStatus, Facts,
 from effect_ledger.domain.contracts import check_identifier, check_text
 from effect_ledger.domain.gate_rules import expired_in_memory
 from effect_ledger.domain.model import OPEN_STAGES, Effect, Principal, Role, Stage
+from effect_ledger.domain.schedules import SECTION_SCHEDULES_MAX
 from effect_ledger.domain.trace import timestamp_text
 from effect_ledger.errors import (
     FailedPrecondition,
@@ -24,8 +25,8 @@ from effect_ledger.errors import (
     PreconditionViolation,
 )
 from effect_ledger.policy.engine import PolicyEngine
-from effect_ledger.service import quotas
-from effect_ledger.storage import approval_store, budget_store, key_store
+from effect_ledger.service import quotas, retention, schedules
+from effect_ledger.storage import approval_store, budget_store, key_store, schedule_store
 from effect_ledger.storage import checkpoint_store as store
 from effect_ledger.storage import repository as repo
 from effect_ledger.storage.checkpoint_store import CheckpointRecord
@@ -152,7 +153,10 @@ async def ledger_sections(unit: UnitOfWork, tenant_id: str, run: Any, policy: Po
         connection, tenant_id, [b.budget_id for b in applicable], SECTION_ROWS_MAX
     )
     run_attempts = {a.attempt_id for e in found for a in e.attempts}
+    open_schedules = await schedule_store.open_of_run(connection, tenant_id, run.run_id, SECTION_SCHEDULES_MAX)
+    held_by_schedules = {s.schedule_id for s in open_schedules}
     return {
+        "schedules": [s.as_section() for s in open_schedules],
         "effects": {"open": open_effects, "settled": settled},
         "approvals": grouped,
         "budgets": {
@@ -178,7 +182,7 @@ async def ledger_sections(unit: UnitOfWork, tenant_id: str, run: Any, policy: Po
                     "amount": r.amount,
                 }
                 for r in reservations
-                if r.attempt_id in run_attempts
+                if r.attempt_id in run_attempts or r.attempt_id in held_by_schedules
             ],
         },
         "tools": tools_section,
@@ -376,6 +380,7 @@ async def check(
         artifacts=record.artifacts,
         artifact_status=statuses,
         unresolved_effects=unresolved,
+        removed_by_retention=await retention.removed_artifacts(unit, principal.tenant_id, statuses),
     )
 
 
@@ -436,6 +441,7 @@ async def resume(
         unit.now,
     )
     await store.set_configuration(unit.connection, principal.tenant_id, record.run_id, segment, configuration)
+    carried = await schedules.carry_over(unit, principal, record.run_id, record.ledger.get("schedules", []))
     unit.record_event(
         principal.tenant_id,
         record.run_id,
@@ -453,6 +459,7 @@ async def resume(
             "context_manifest_digest": context_manifest_digest,
             "verdict": verdict.verdict.value,
             "open_effects": [e.effect_id for e in open_effects],
+            "schedules": carried,
         },
         principal.principal_id,
     )
@@ -784,8 +791,12 @@ async def set_artifact_status(
     if status == ArtifactStatus.TOMBSTONE:
         values["content"] = None
     elif existing.status == ArtifactStatus.TOMBSTONE:
+        removed = await retention.removed_artifacts(unit, principal.tenant_id, {digest: existing.status})
         raise _refused(
-            "ARTIFACT_DELETED", f"artifact/{digest}", "a deleted artifact cannot be completed again; put its content"
+            "ARTIFACT_DELETED",
+            f"artifact/{digest}",
+            f"a deleted artifact cannot be completed again; put its content ({removed.get(digest, 'deleted')})",
+            **({"removed_by_retention": removed[digest]} if digest in removed else {}),
         )
     await store.set_artifact(unit.connection, principal.tenant_id, digest, unit.now, **values)
     return await _stored(unit, principal, digest)

@@ -6,6 +6,7 @@ from effect_ledger.config import Limits
 from effect_ledger.domain.contracts import check_identifier, check_text
 from effect_ledger.domain.model import Principal, Run, RunEvent
 from effect_ledger.errors import InvalidArgument, NotFound
+from effect_ledger.service import retention
 from effect_ledger.storage import repository as repo
 from effect_ledger.storage.engine import UnitOfWork
 
@@ -80,4 +81,5 @@ async def list_events(
     await get_run(unit, principal, run_id)
     if after_revision < 0:
         raise InvalidArgument.field("after_revision", "must not be negative")
-    return await repo.list_events(unit.connection, principal.tenant_id, run_id, after_revision, page_size)
+    events = await repo.list_events(unit.connection, principal.tenant_id, run_id, after_revision, page_size)
+    return await retention.with_tombstones(unit, principal.tenant_id, events)

@@ -137,6 +137,10 @@ BEGIN
             SELECT 1 FROM approvals
             WHERE tenant_id = v_principal.tenant_id AND run_id = p_run_id AND tool = p_tool
         ),
+        'scheduled', EXISTS (
+            SELECT 1 FROM schedules
+            WHERE tenant_id = v_principal.tenant_id AND idempotency_key = p_key AND state IN ('SCHEDULED', 'DUE')
+        ),
         'dimensions', CASE WHEN p_dimensions THEN COALESCE((
             SELECT jsonb_agg(DISTINCT dimension) FROM budgets WHERE tenant_id = v_principal.tenant_id
         ), '[]'::jsonb) END
@@ -501,6 +505,8 @@ class AuthorizeFacts:
     on_target: list[dict[str, Any]]
     has_approvals: bool
     dimensions: frozenset[str] | None
+    # The key has an open scheduled intent (the general path judges and consumes it).
+    has_schedule: bool = False
 
 
 def facts_of(document: dict[str, Any]) -> AuthorizeFacts:
@@ -524,6 +530,7 @@ def facts_of(document: dict[str, Any]) -> AuthorizeFacts:
         on_target=document["on_target"],
         has_approvals=bool(document["approvals"]),
         dimensions=frozenset(dimensions) if dimensions is not None else None,
+        has_schedule=bool(document.get("scheduled")),
     )
 
 

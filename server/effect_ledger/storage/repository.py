@@ -476,6 +476,18 @@ async def effect_by_id(connection: AsyncConnection, tenant_id: str, effect_id: s
     return found[0] if found else None
 
 
+async def effect_by_key(connection: AsyncConnection, tenant_id: str, idempotency_key: str) -> Effect | None:
+    """The effect bound to a key as last committed, without a lock (for reads)."""
+    effect_id = (
+        await connection.execute(
+            select(effects.c.effect_id).where(
+                effects.c.tenant_id == tenant_id, effects.c.idempotency_key == idempotency_key
+            )
+        )
+    ).scalar_one_or_none()
+    return await effect_by_id(connection, tenant_id, effect_id) if effect_id is not None else None
+
+
 async def run_effects(connection: AsyncConnection, tenant_id: str, run_id: str, limit: int) -> list[Effect]:
     """A run's effects with their attempts (the first ``limit`` by id)."""
     ids = (

@@ -486,3 +486,110 @@ resume_obligations = Table(
     Column("created_at", UtcDateTime, nullable=False),
     PrimaryKeyConstraint("tenant_id", "run_id", "effect_id"),
 )
+
+# --- scheduled intents (migration 0012) -----------------------------------------------------
+
+# An intention to reconsider an effect later: not before ``not_before`` (by the database's
+# clock), not after ``deadline``. Every replica's scheduler moves SCHEDULED to DUE with one
+# conditional UPDATE, so one intent fires once whatever the number of replicas; the gate
+# consumes a DUE one at the AuthorizeEffect that follows, under the policy current then.
+# ``due_sequence`` orders the tenant's firings for WatchDueIntents (a tenant counter).
+OPEN_SCHEDULE = "state IN ('SCHEDULED', 'DUE')"
+
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("tenant_id", TENANT, nullable=False),
+    Column("schedule_id", ID, nullable=False),
+    Column("run_id", ID, nullable=False),
+    Column("idempotency_key", String(256), nullable=False),
+    Column("tool", String(128), nullable=False),
+    Column("tool_revision", BigInteger, nullable=False),
+    Column("target", String(1024), nullable=False),
+    Column("arguments", Text, nullable=False),  # canonical JSON object
+    Column("intent_digest", String(64), nullable=False),
+    Column("effect_id", ID, nullable=True),  # the effect it retries, if there is one yet
+    Column("purpose", String(32), nullable=False),
+    Column("not_before", UtcDateTime, nullable=False),
+    Column("deadline", UtcDateTime, nullable=True),
+    Column("cancel_conditions", Text, nullable=False),  # canonical JSON array
+    Column("reservation", Text, nullable=False),  # canonical JSON object: dimension -> amount held
+    Column("state", String(16), nullable=False),
+    Column("note", Text, nullable=False),
+    Column("created_by", String(128), nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("due_at", UtcDateTime, nullable=True),
+    Column("due_sequence", BigInteger, nullable=True),
+    Column("fired_by", String(128), nullable=True),  # the replica whose scheduler fired it
+    Column("closed_at", UtcDateTime, nullable=True),
+    Column("closed_by", String(128), nullable=False),
+    Column("close_reason", Text, nullable=False),
+    Column("decision_id", ID, nullable=True),  # the AuthorizeEffect that consumed it
+    PrimaryKeyConstraint("tenant_id", "schedule_id"),
+    ForeignKeyConstraint(["tenant_id", "run_id"], ["runs.tenant_id", "runs.run_id"]),
+    Index(None, "state", "not_before"),
+    Index(None, "tenant_id", "run_id"),
+    Index(None, "tenant_id", "due_sequence"),
+    Index(
+        "ix_schedules_open_key",
+        "tenant_id",
+        "idempotency_key",
+        unique=True,
+        postgresql_where=text(OPEN_SCHEDULE),
+        sqlite_where=text(OPEN_SCHEDULE),
+    ),
+)
+
+# --- retention (migration 0013) -------------------------------------------------------------
+
+# A tenant's rule per kind of material (TRACE, DECISIONS, ARTIFACTS, SNAPSHOTS): material older
+# than max_age_seconds by the database clock may be collected. No row: kept forever.
+retention_rules = Table(
+    "retention_rules",
+    metadata,
+    Column("tenant_id", TENANT, nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("max_age_seconds", BigInteger, nullable=False),
+    Column("updated_by", String(128), nullable=False),
+    Column("updated_at", UtcDateTime, nullable=False),
+    PrimaryKeyConstraint("tenant_id", "kind"),
+    CheckConstraint("max_age_seconds > 0", name="max_age_positive"),
+)
+
+# One row per run that was ever held; the hold stands while released_at is NULL. Placing a
+# hold again after a release starts a new one (the trace of the run keeps every change).
+legal_holds = Table(
+    "legal_holds",
+    metadata,
+    Column("tenant_id", TENANT, nullable=False),
+    Column("run_id", ID, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("placed_by", String(128), nullable=False),
+    Column("placed_at", UtcDateTime, nullable=False),
+    Column("released_by", String(128), nullable=True),
+    Column("released_at", UtcDateTime, nullable=True),
+    PrimaryKeyConstraint("tenant_id", "run_id"),
+    ForeignKeyConstraint(["tenant_id", "run_id"], ["runs.tenant_id", "runs.run_id"]),
+)
+
+# What the collector removed: written in the transaction of the removal. ``subject`` names the
+# removed thing (a decision id, "<run_id>:<revision>" for a trace event, an artifact digest, a
+# snapshot id); ``event_hash`` is a trace event's chain hash, which `effect-ledger verify`
+# checks the event against once its payload is gone.
+tombstones = Table(
+    "tombstones",
+    metadata,
+    Column("tenant_id", TENANT, nullable=False),
+    Column("tombstone_id", ID, nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("subject", String(256), nullable=False),
+    Column("run_id", ID, nullable=True),
+    Column("material_digest", String(80), nullable=False),
+    Column("event_hash", String(64), nullable=True),
+    Column("rule_max_age_seconds", BigInteger, nullable=False),
+    Column("removed_at", UtcDateTime, nullable=False),
+    Column("removed_by", String(128), nullable=False),
+    PrimaryKeyConstraint("tenant_id", "tombstone_id"),
+    Index(None, "tenant_id", "kind", "subject"),
+    Index(None, "tenant_id", "run_id"),
+)

@@ -65,7 +65,9 @@ OPEN_SERVICES = frozenset(
     }
 )
 # Streams that end normally at their lifetime: the client resumes from its cursor.
-RESUMABLE_STREAMS = frozenset({"/effectledger.v1.Approvals/WatchApprovals"})
+RESUMABLE_STREAMS = frozenset(
+    {"/effectledger.v1.Approvals/WatchApprovals", "/effectledger.v1.Schedules/WatchDueIntents"}
+)
 TOKEN_LENGTH_MAX = 512
 BUSY_RETRY_MS = 200
 STREAMS_RETRY_MS = 5000

@@ -23,12 +23,13 @@ from effect_ledger.domain.model import (
     Stage,
     ToolContract,
 )
+from effect_ledger.domain.retention import Tombstone
 from effect_ledger.domain.schemas import SCHEMA_SIZE_MAX_BYTES
 from effect_ledger.errors import InvalidArgument
 from effect_ledger.service.attempts import AttemptResult
 from effect_ledger.service.authorize import AuthorizeResult
 from effect_ledger.service.replay import Replay
-from effectledger.v1 import common_pb2, gate_pb2, runs_pb2, tools_pb2
+from effectledger.v1 import common_pb2, gate_pb2, retention_pb2, runs_pb2, tools_pb2
 
 
 def timestamp(moment: datetime | None) -> Timestamp | None:
@@ -140,6 +141,21 @@ def event_to_proto(event: RunEvent) -> runs_pb2.RunEvent:
         created_at=timestamp(event.created_at),
         prev_hash=event.prev_hash,
         hash=event.hash,
+        removed_by_retention=(
+            tombstone_to_proto(event.removed_by_retention) if event.removed_by_retention is not None else None
+        ),
+    )
+
+
+def tombstone_to_proto(tombstone: Tombstone) -> retention_pb2.RetentionTombstone:
+    return retention_pb2.RetentionTombstone(
+        tombstone_id=tombstone.tombstone_id,
+        kind=retention_pb2.RetentionKind.Value(tombstone.kind.value),
+        subject=tombstone.subject,
+        material_digest=tombstone.material_digest,
+        rule_max_age_seconds=tombstone.rule_max_age_seconds,
+        removed_at=timestamp(tombstone.removed_at),
+        removed_by=tombstone.removed_by,
     )
 
 
@@ -195,6 +211,7 @@ def authorize_response(result: AuthorizeResult) -> gate_pb2.AuthorizeEffectRespo
         approval_request_id=result.approval_request_id,
         approval_id=attempt.approval_id if attempt else "",
         reservation_ids=list(result.reservation_ids),
+        schedule_id=result.schedule_id,
     )
 
 
@@ -396,3 +413,86 @@ def stages_filter(values: Any) -> frozenset[Stage]:
 def outcome_filter(value: int) -> Outcome | None:
     """An Outcome filter; OUTCOME_UNSPECIFIED means any outcome."""
     return enum_value(common_pb2.Outcome, value, "outcome", Outcome, required=False)
+
+
+# --- scheduled intents ----------------------------------------------------------------------
+
+from effect_ledger.domain.schedules import CancelCondition, Purpose, Schedule, ScheduleState  # noqa: E402
+from effectledger.v1 import schedules_pb2  # noqa: E402
+
+# The proto's names are the domain's, prefixed where the package already uses the bare name.
+SCHEDULE_STATES = {
+    number: ScheduleState(name.removeprefix("SCHEDULE_"))
+    for name, number in schedules_pb2.ScheduleState.items()
+    if number
+}
+SCHEDULE_STATE_NUMBERS = {state: number for number, state in SCHEDULE_STATES.items()}
+CANCEL_CONDITIONS = {
+    number: CancelCondition(name.removeprefix("CANCEL_WHEN_"))
+    for name, number in schedules_pb2.CancelCondition.items()
+    if number
+}
+CANCEL_CONDITION_NUMBERS = {condition: number for number, condition in CANCEL_CONDITIONS.items()}
+# Earliest and latest instants a request's timestamp may name (RFC 3339's range, as protobuf's).
+TIMESTAMP_SECONDS_MIN = -62_135_596_800
+TIMESTAMP_SECONDS_MAX = 253_402_300_799
+
+
+def schedule_to_proto(schedule: Schedule) -> schedules_pb2.Schedule:
+    return schedules_pb2.Schedule(
+        schedule_id=schedule.schedule_id,
+        run_id=schedule.run_id,
+        idempotency_key=schedule.idempotency_key,
+        tool=schedule.tool,
+        tool_revision=schedule.tool_revision,
+        target=schedule.target,
+        arguments_json=canonical.canonical_bytes(schedule.arguments),
+        intent_digest=schedule.intent_digest,
+        effect_id=schedule.effect_id or "",
+        purpose=schedules_pb2.SchedulePurpose.Value(schedule.purpose.value),
+        state=SCHEDULE_STATE_NUMBERS[schedule.state],
+        not_before=timestamp(schedule.not_before),
+        deadline=timestamp(schedule.deadline),
+        cancel_conditions=[CANCEL_CONDITION_NUMBERS[c] for c in schedule.cancel_conditions],
+        reservation=schedule.reservation,
+        clock="database",
+        note=schedule.note,
+        created_by=schedule.created_by,
+        created_at=timestamp(schedule.created_at),
+        due_at=timestamp(schedule.due_at),
+        due_sequence=schedule.due_sequence or 0,
+        fired_by=schedule.fired_by or "",
+        closed_at=timestamp(schedule.closed_at),
+        closed_by=schedule.closed_by,
+        close_reason=schedule.close_reason,
+        decision_id=schedule.decision_id or "",
+    )
+
+
+def request_time(message: Any, field: str) -> datetime | None:
+    """A request's optional Timestamp as an aware datetime (None when unset); out of range or
+    with invalid nanos is INVALID_ARGUMENT."""
+    if not message.HasField(field):
+        return None
+    value = getattr(message, field)
+    if not TIMESTAMP_SECONDS_MIN <= value.seconds <= TIMESTAMP_SECONDS_MAX or not 0 <= value.nanos < 1_000_000_000:
+        raise InvalidArgument.field(field, "is not a valid timestamp", reason="INVALID_TIMESTAMP")
+    return value.ToDatetime(tzinfo=UTC)
+
+
+def schedule_purpose(value: int) -> Purpose:
+    return enum_value(schedules_pb2.SchedulePurpose, value, "purpose", Purpose)
+
+
+def cancel_conditions(values: Any) -> tuple[CancelCondition, ...]:
+    found = []
+    for index, value in enumerate(values):
+        enum_value(schedules_pb2.CancelCondition, value, f"cancel_conditions[{index}]")  # checked: defined, not 0
+        found.append(CANCEL_CONDITIONS[value])
+    return tuple(found)
+
+
+def schedule_state_filter(value: int) -> str:
+    if enum_value(schedules_pb2.ScheduleState, value, "state", required=False) is None:
+        return ""
+    return SCHEDULE_STATES[value].value

@@ -31,6 +31,9 @@ DECISION_REVIEWERS = frozenset({Role.REVIEWER, Role.ADMIN, Role.AUDITOR, Role.OP
 DECIDERS = frozenset(DECIDING_ROLES)
 REVOKERS = DECIDERS | AGENTS
 ARTIFACT_WRITERS = frozenset({Role.AGENT, Role.ADMIN, Role.REVIEWER})
+# Who may hold a run against retention: an auditor too (preserving evidence is its work); only
+# an admin releases a hold.
+HOLDERS = frozenset({Role.ADMIN, Role.AUDITOR})
 NOBODY: frozenset[Role] = frozenset()
 
 OWN_ATTEMPTS = (
@@ -132,6 +135,28 @@ RPC_ROLES: dict[str, RpcRoles] = {
         "Its own token; another principal's token, or a new expiry with it, only by an admin (ROLE_REQUIRED).",
     ),
     f"{PACKAGE}.Principals/SetTokenExpiry": RpcRoles(ADMINS),
+    # --- Retention ---
+    f"{PACKAGE}.Retention/PutRetentionRule": RpcRoles(ADMINS),
+    f"{PACKAGE}.Retention/ListRetentionRules": RpcRoles(EVERY_ROLE),
+    f"{PACKAGE}.Retention/PlaceLegalHold": RpcRoles(HOLDERS),
+    f"{PACKAGE}.Retention/ReleaseLegalHold": RpcRoles(ADMINS),
+    f"{PACKAGE}.Retention/ListLegalHolds": RpcRoles(EVERY_ROLE),
+    f"{PACKAGE}.Retention/CollectRetention": RpcRoles(
+        ADMINS, "Collects within the caller's tenant only, at most a bounded number of batches per call."
+    ),
+    # --- Schedules ---
+    f"{PACKAGE}.Schedules/ScheduleIntent": RpcRoles(
+        AGENTS, "The budget it holds is the tool contract's default estimate, never an amount the caller names."
+    ),
+    f"{PACKAGE}.Schedules/GetSchedule": RpcRoles(EVERY_ROLE),
+    f"{PACKAGE}.Schedules/ListSchedules": RpcRoles(EVERY_ROLE),
+    f"{PACKAGE}.Schedules/CancelSchedule": RpcRoles(
+        AGENTS | RECONCILING_ROLES,
+        "An agent only a schedule it made (SCHEDULE_NOT_OWNED); an operator or an admin any of its tenant.",
+    ),
+    f"{PACKAGE}.Schedules/WatchDueIntents": RpcRoles(
+        EVERY_ROLE, "Each read of the stream authenticates the caller and checks its roles again."
+    ),
 }
 
 

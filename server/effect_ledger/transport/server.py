@@ -7,6 +7,7 @@ import contextlib
 import errno
 import functools
 import logging
+import os
 import signal
 import socket
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from effect_ledger.observability import tracing
 from effect_ledger.observability.observer import Observer
 from effect_ledger.observability.policy import observed
 from effect_ledger.policy.engine import PolicyEngine
-from effect_ledger.service import argument_checks
+from effect_ledger.service import argument_checks, retention, schedules
 from effect_ledger.service.approvals import ApprovalSettings
 from effect_ledger.service.checkpoints import KeySettings
 from effect_ledger.service.gate import Gate
@@ -49,6 +50,8 @@ from effect_ledger.transport.servicers_checkpoints import (
     load_verification_key,
 )
 from effect_ledger.transport.servicers_principals import PrincipalsServicer
+from effect_ledger.transport.servicers_retention import RetentionServicer
+from effect_ledger.transport.servicers_schedules import SchedulesServicer
 from effectledger.v1 import (
     approvals_pb2,
     approvals_pb2_grpc,
@@ -60,8 +63,12 @@ from effectledger.v1 import (
     gate_pb2_grpc,
     principals_pb2,
     principals_pb2_grpc,
+    retention_pb2,
+    retention_pb2_grpc,
     runs_pb2,
     runs_pb2_grpc,
+    schedules_pb2,
+    schedules_pb2_grpc,
     tools_pb2,
     tools_pb2_grpc,
 )
@@ -80,6 +87,8 @@ SERVICE_NAMES = (
     budgets_pb2.DESCRIPTOR.services_by_name["Budgets"].full_name,
     checkpoints_pb2.DESCRIPTOR.services_by_name["Checkpoints"].full_name,
     principals_pb2.DESCRIPTOR.services_by_name["Principals"].full_name,
+    schedules_pb2.DESCRIPTOR.services_by_name["Schedules"].full_name,
+    retention_pb2.DESCRIPTOR.services_by_name["Retention"].full_name,
 )
 
 
@@ -162,6 +171,41 @@ async def _statistics_keeper(database: Database, interval: float) -> None:
         await asyncio.sleep(interval)
 
 
+def replica_name() -> str:
+    """This process as a scheduler names itself in the schedules it fires: host/pid."""
+    return f"{socket.gethostname()}/{os.getpid()}"[:128]
+
+
+async def _scheduler(database: Database, interval: float) -> None:
+    """Fire the scheduled intents that are due (by the database clock), expire the lapsed ones,
+    every ``interval`` seconds; sooner again while a pass finds a full batch."""
+    replica = replica_name()
+    while True:
+        moved = 0
+        try:
+            moved = await schedules.tick(database, replica)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # noqa: BLE001 - keep scheduling; the next pass retries
+            log.warning("scheduler pass failed: %s", error)
+        await asyncio.sleep(0 if moved >= schedules.FIRE_BATCH_MAX else interval)
+
+
+async def _retention_collector(database: Database, interval: float) -> None:
+    """Collect every tenant's aged, unreachable material every ``interval`` seconds (one worker
+    per host; replicas share the work: the collector's batches skip rows another has locked)."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await retention.collect_every_tenant(
+                database, dry_run=False, batches_per_tenant_max=retention.BATCHES_PER_CALL_MAX
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # noqa: BLE001 - keep collecting; the next pass retries
+            log.warning("retention collection failed: %s", error)
+
+
 async def start_server(
     settings: ServerSettings,
     database: Database,
@@ -228,6 +272,10 @@ async def start_server(
     runs_pb2_grpc.add_RunsServicer_to_server(RunsServicer(app), server)
     principals_pb2_grpc.add_PrincipalsServicer_to_server(PrincipalsServicer(app), server)
     gate_pb2_grpc.add_GateServicer_to_server(GateServicer(app), server)
+    schedules_pb2_grpc.add_SchedulesServicer_to_server(SchedulesServicer(app), server)
+    retention_pb2_grpc.add_RetentionServicer_to_server(
+        RetentionServicer(app, settings.retention_age_min_seconds), server
+    )
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
@@ -238,6 +286,9 @@ async def start_server(
     running.tasks.append(
         asyncio.create_task(_health_monitor(database, health_servicer, settings.health_check_interval_seconds))
     )
+    if settings.scheduler_interval_seconds > 0:
+        # Every process runs one (every replica, every worker): the database lets one fire each intent.
+        running.tasks.append(asyncio.create_task(_scheduler(database, settings.scheduler_interval_seconds)))
     if sweep_leases:
         running.tasks.append(
             asyncio.create_task(
@@ -245,6 +296,10 @@ async def start_server(
             )
         )
         running.tasks.append(asyncio.create_task(_statistics_keeper(database, settings.statistics_interval_seconds)))
+        if settings.retention_interval_seconds > 0:
+            running.tasks.append(
+                asyncio.create_task(_retention_collector(database, settings.retention_interval_seconds))
+            )
         if metrics is not None:
             running.tasks.append(
                 asyncio.create_task(

@@ -382,8 +382,8 @@ def _version(value: bool) -> None:
 
 app = typer.Typer(
     name=PROGRAM,
-    help="Operate an effect ledger over gRPC: effects, approvals, budgets, tools, runs, decisions "
-    "and principals. Every command takes the connection and output options (see any "
+    help="Operate an effect ledger over gRPC: effects, approvals, budgets, schedules, tools, runs, "
+    "decisions and principals. Every command takes the connection and output options (see any "
     "command's --help).",
     no_args_is_help=True,
     add_completion=False,

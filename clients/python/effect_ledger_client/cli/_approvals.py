@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Annotated
 
 import typer
@@ -18,16 +17,12 @@ from effect_ledger_client.cli._app import (
 )
 from effect_ledger_client.cli._render import APPROVAL, APPROVAL_EVENT
 from effect_ledger_client.cli._values import ApprovalState
-from effect_ledger_client.errors import DeadlineExceeded
+from effect_ledger_client.cli._watch import deadline_of, follow
 from effect_ledger_client.proto import approvals_pb2
 
 approvals = group("Approvals: list and decide the requests for human approval, and follow them.")
 
 ApprovalId = Annotated[str, typer.Argument(metavar="APPROVAL_ID", help="The approval's id.")]
-# Without --seconds, a watch asks for a stream this long and opens the next one when it ends.
-WATCH_STREAM_SECONDS = 3600.0
-# A server ends long streams itself; a watch opens at most this many in a row.
-WATCH_STREAMS_MAX = 100_000
 
 
 @command(approvals, "list")
@@ -102,33 +97,8 @@ def watch(
 ) -> None:
     """Print approval events as they happen (WatchApprovals), one a line (-o json: one JSON
     object a line), until interrupted, --max-events or --seconds."""
-    deadline = time.monotonic() + seconds if seconds is not None else None
     request = approvals_pb2.WatchApprovalsRequest(after_sequence=after_sequence, run_id=run or "", tool=tool or "")
     try:
-        follow(ctl, request, deadline, max_events)
+        follow(ctl, ctl.ledger.approvals.WatchApprovals, request, APPROVAL_EVENT, deadline_of(seconds), max_events)
     except KeyboardInterrupt:
         pass  # the way to end a watch without a limit
-
-
-def follow(
-    ctl: Ctl, request: approvals_pb2.WatchApprovalsRequest, deadline: float | None, max_events: int | None
-) -> None:
-    """Streams after stream, each resumed from the last sequence printed, until the deadline
-    or ``max_events``."""
-    printed = 0
-    for _ in range(WATCH_STREAMS_MAX):
-        remaining = deadline - time.monotonic() if deadline is not None else WATCH_STREAM_SECONDS
-        if remaining <= 0 or (max_events is not None and printed >= max_events):
-            return
-        stream = ctl.ledger.approvals.WatchApprovals(request, timeout=remaining)
-        try:
-            for event in stream:
-                ctl.printer.event(event, APPROVAL_EVENT)
-                request.after_sequence = event.sequence
-                printed += 1
-                if max_events is not None and printed >= max_events:
-                    return
-        except DeadlineExceeded:
-            pass  # this stream's time is up; the loop checks the watch's own
-        finally:
-            stream.cancel()

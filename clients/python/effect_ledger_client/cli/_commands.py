@@ -7,12 +7,14 @@ from effect_ledger_client.cli._decisions import decisions
 from effect_ledger_client.cli._effects import effects
 from effect_ledger_client.cli._principals import principals
 from effect_ledger_client.cli._runs import runs
+from effect_ledger_client.cli._schedules import schedules
 from effect_ledger_client.cli._tools import tools
 
 for name, group in (
     ("effects", effects),
     ("approvals", approvals),
     ("budgets", budgets),
+    ("schedules", schedules),
     ("tools", tools),
     ("runs", runs),
     ("decisions", decisions),

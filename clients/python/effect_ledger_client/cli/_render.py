@@ -205,6 +205,11 @@ def _votes(data: Mapping[str, Any]) -> str:
     return f"{approving}/{data.get('quorum', 0)}"
 
 
+def _amounts(name: str) -> Callable[[Mapping[str, Any]], str]:
+    """A map of amounts, ``usd_micros=1500, tool_calls=1``."""
+    return lambda data: ", ".join(f"{k}={v}" for k, v in (data.get(name) or {}).items())
+
+
 def _enabled(data: Mapping[str, Any]) -> str:
     return f"disabled {data['disabled_at']}" if data.get("disabled_at") else "enabled"
 
@@ -374,5 +379,36 @@ PRINCIPAL = View(
         column("TOKEN ISSUED", "token_issued_at"),
         column("TOKEN EXPIRES", "token_expires_at"),
         column("CLIENT SUBJECT", "client_subject"),
+    ),
+)
+
+SCHEDULE = View(
+    id_of("schedule_id"),
+    (
+        column("SCHEDULE", "schedule_id", identifier=True),
+        column("RUN", "run_id", identifier=True),
+        column("KEY", "idempotency_key", identifier=True),
+        column("TOOL", "tool"),
+        column("PURPOSE", "purpose"),
+        column("STATE", "state"),
+        column("NOT BEFORE", "not_before"),
+        column("DEADLINE", "deadline"),
+        Column("RESERVATION", _amounts("reservation")),
+    ),
+)
+
+DUE_INTENT = View(
+    id_of("schedule.schedule_id"),
+    (
+        column("SEQUENCE", "sequence"),
+        column("SCHEDULE", "schedule.schedule_id", identifier=True),
+        column("RUN", "schedule.run_id", identifier=True),
+        column("KEY", "schedule.idempotency_key", identifier=True),
+        column("TOOL", "schedule.tool"),
+        column("PURPOSE", "schedule.purpose"),
+        column("STATE", "schedule.state"),
+        column("NOT BEFORE", "schedule.not_before"),
+        column("DUE AT", "schedule.due_at"),
+        column("FIRED BY", "schedule.fired_by"),
     ),
 )

@@ -9,7 +9,7 @@ from typing import Any
 
 from google.protobuf import timestamp_pb2
 
-from effect_ledger_client.proto import approvals_pb2, budgets_pb2, common_pb2
+from effect_ledger_client.proto import approvals_pb2, budgets_pb2, common_pb2, schedules_pb2
 
 
 class Output(enum.StrEnum):
@@ -54,12 +54,21 @@ class BudgetScope(enum.StrEnum):
     RUN_TREE = "RUN_TREE"
 
 
+class ScheduleState(enum.StrEnum):
+    SCHEDULED = "SCHEDULED"
+    DUE = "DUE"
+    SCHEDULE_CONSUMED = "SCHEDULE_CONSUMED"
+    SCHEDULE_CANCELLED = "SCHEDULE_CANCELLED"
+    SCHEDULE_EXPIRED = "SCHEDULE_EXPIRED"
+
+
 # Each choice enum, and the proto enum it mirrors. A request takes the choice's value, the name.
 PROTO_ENUMS = {
     Stage: common_pb2.Stage,
     Outcome: common_pb2.Outcome,
     ApprovalState: approvals_pb2.ApprovalState,
     BudgetScope: budgets_pb2.BudgetScope,
+    ScheduleState: schedules_pb2.ScheduleState,
 }
 
 

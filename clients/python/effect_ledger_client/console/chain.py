@@ -32,6 +32,8 @@ class ChainEvent:
     created_at: datetime
     prev_hash: str
     hash: str
+    # The tombstone the server names when retention removed the payload ("" when it did not).
+    removed_tombstone_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ def verify_chain(
     """Walks the events (in revision order) and names the first that does not fit.
 
     ``complete`` is False when the console stopped reading before the run's last event."""
-    expected_prev, expected_revision = "", 1
+    expected_prev, expected_revision, removed = "", 1, 0
     for event in events:
         if event.revision != expected_revision:
             return ChainVerdict(
@@ -98,9 +100,11 @@ def verify_chain(
                 BROKEN, f"revision {event.revision}: prev_hash is not the previous event's hash", event.revision
             )
         if tenant_id is not None and event_hash(event, tenant_id=tenant_id, run_id=run_id) != event.hash:
-            return ChainVerdict(
-                BROKEN, f"revision {event.revision}: the content does not match its hash", event.revision
-            )
+            if not _removed_by_retention(event):
+                return ChainVerdict(
+                    BROKEN, f"revision {event.revision}: the content does not match its hash", event.revision
+                )
+            removed += 1
         expected_prev, expected_revision = event.hash, expected_revision + 1
     last_revision = expected_revision - 1
     if not complete:
@@ -115,4 +119,22 @@ def verify_chain(
             f"{last_revision} events link to each other and to the run's head; their hashes were not "
             "recomputed (the tenant id, part of every hash, is not known without a decision of the run)",
         )
+    if removed:
+        return ChainVerdict(
+            VERIFIED,
+            f"{last_revision} events linked to the run's head; every hash recomputed but those of {removed} "
+            "whose payload retention removed (each names its tombstone; `effect-ledger verify` checks them)",
+        )
     return ChainVerdict(VERIFIED, f"{last_revision} events: every hash recomputed and linked to the run's head")
+
+
+def _removed_by_retention(event: ChainEvent) -> bool:
+    """The payload is exactly the marker naming the tombstone the server reports for it."""
+    if not event.removed_tombstone_id:
+        return False
+    try:
+        payload = json.loads(event.payload_json)
+    except ValueError:
+        return False
+    marker = payload.get("removed_by_retention") if isinstance(payload, dict) and len(payload) == 1 else None
+    return isinstance(marker, dict) and marker.get("tombstone_id") == event.removed_tombstone_id

@@ -168,6 +168,7 @@ def _verdict(run, events: list, complete: bool, tenant_id: str | None) -> chain.
             created_at=e.created_at.ToDatetime(tzinfo=UTC),
             prev_hash=e.prev_hash,
             hash=e.hash,
+            removed_tombstone_id=e.removed_by_retention.tombstone_id,
         )
         for e in events
     ]

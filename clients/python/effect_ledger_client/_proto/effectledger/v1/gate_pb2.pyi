@@ -46,7 +46,7 @@ class AuthorizeEffectRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., tool: _Optional[str] = ..., arguments_json: _Optional[bytes] = ..., idempotency_key: _Optional[str] = ..., target: _Optional[str] = ..., estimate: _Optional[_Mapping[str, int]] = ..., begin_dispatched: _Optional[bool] = ...) -> None: ...
 
 class AuthorizeEffectResponse(_message.Message):
-    __slots__ = ("outcome", "effect_id", "attempt_id", "provider_idempotency_key", "lease_expires_at", "intent_digest", "reasons", "decision_id", "policy_revision", "receipt", "provider_key_reused", "tool_revision", "effect_stage", "attempt_number", "approval_request_id", "approval_id", "reservation_ids")
+    __slots__ = ("outcome", "effect_id", "attempt_id", "provider_idempotency_key", "lease_expires_at", "intent_digest", "reasons", "decision_id", "policy_revision", "receipt", "provider_key_reused", "tool_revision", "effect_stage", "attempt_number", "approval_request_id", "approval_id", "reservation_ids", "schedule_id")
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     EFFECT_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +64,7 @@ class AuthorizeEffectResponse(_message.Message):
     APPROVAL_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     APPROVAL_ID_FIELD_NUMBER: _ClassVar[int]
     RESERVATION_IDS_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULE_ID_FIELD_NUMBER: _ClassVar[int]
     outcome: _common_pb2.Outcome
     effect_id: str
     attempt_id: str
@@ -81,7 +82,8 @@ class AuthorizeEffectResponse(_message.Message):
     approval_request_id: str
     approval_id: str
     reservation_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, outcome: _Optional[_Union[_common_pb2.Outcome, str]] = ..., effect_id: _Optional[str] = ..., attempt_id: _Optional[str] = ..., provider_idempotency_key: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., intent_digest: _Optional[str] = ..., reasons: _Optional[_Iterable[_Union[_common_pb2.Reason, _Mapping]]] = ..., decision_id: _Optional[str] = ..., policy_revision: _Optional[str] = ..., receipt: _Optional[_Union[_common_pb2.Receipt, _Mapping]] = ..., provider_key_reused: _Optional[bool] = ..., tool_revision: _Optional[int] = ..., effect_stage: _Optional[_Union[_common_pb2.Stage, str]] = ..., attempt_number: _Optional[int] = ..., approval_request_id: _Optional[str] = ..., approval_id: _Optional[str] = ..., reservation_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    schedule_id: str
+    def __init__(self, outcome: _Optional[_Union[_common_pb2.Outcome, str]] = ..., effect_id: _Optional[str] = ..., attempt_id: _Optional[str] = ..., provider_idempotency_key: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., intent_digest: _Optional[str] = ..., reasons: _Optional[_Iterable[_Union[_common_pb2.Reason, _Mapping]]] = ..., decision_id: _Optional[str] = ..., policy_revision: _Optional[str] = ..., receipt: _Optional[_Union[_common_pb2.Receipt, _Mapping]] = ..., provider_key_reused: _Optional[bool] = ..., tool_revision: _Optional[int] = ..., effect_stage: _Optional[_Union[_common_pb2.Stage, str]] = ..., attempt_number: _Optional[int] = ..., approval_request_id: _Optional[str] = ..., approval_id: _Optional[str] = ..., reservation_ids: _Optional[_Iterable[str]] = ..., schedule_id: _Optional[str] = ...) -> None: ...
 
 class RecordDispatchRequest(_message.Message):
     __slots__ = ("attempt_id",)

@@ -22,10 +22,11 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from effect_ledger_client._proto.effectledger.v1 import retention_pb2 as effectledger_dot_v1_dot_retention__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x65\x66\x66\x65\x63tledger/v1/runs.proto\x12\x0f\x65\x66\x66\x65\x63tledger.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfd\x02\n\x03Run\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\ncreated_by\x18\x02 \x01(\t\x12.\n\ncreated_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08revision\x18\x04 \x01(\x03\x12\x11\n\thead_hash\x18\x05 \x01(\t\x12\x30\n\x06labels\x18\x06 \x03(\x0b\x32 .effectledger.v1.Run.LabelsEntry\x12\x15\n\rparent_run_id\x18\x07 \x01(\t\x12\x13\n\x0broot_run_id\x18\x08 \x01(\t\x12\r\n\x05world\x18\t \x01(\t\x12\x1e\n\x16\x66orked_from_checkpoint\x18\n \x01(\t\x12\x0f\n\x07segment\x18\x0b \x01(\x05\x12\x10\n\x08provider\x18\x0c \x01(\t\x12\r\n\x05model\x18\r \x01(\t\x12\x0f\n\x07\x61\x64\x61pter\x18\x0e \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc6\x01\n\x10\x43reateRunRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12=\n\x06labels\x18\x02 \x03(\x0b\x32-.effectledger.v1.CreateRunRequest.LabelsEntry\x12\x10\n\x08provider\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x0f\n\x07\x61\x64\x61pter\x18\x05 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"Q\n\x14ListRunEventsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x16\n\x0e\x61\x66ter_revision\x18\x02 \x01(\x03\x12\x11\n\tpage_size\x18\x03 \x01(\x05\"\xb7\x01\n\x08RunEvent\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12\x0c\n\x04type\x18\x03 \x01(\t\x12\x14\n\x0cpayload_json\x18\x04 \x01(\x0c\x12\x14\n\x0cprincipal_id\x18\x05 \x01(\t\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tprev_hash\x18\x07 \x01(\t\x12\x0c\n\x04hash\x18\x08 \x01(\t\"_\n\x15ListRunEventsResponse\x12)\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x19.effectledger.v1.RunEvent\x12\x1b\n\x13next_after_revision\x18\x02 \x01(\x03\"\xc7\x01\n\x0fListRunsRequest\x12\x11\n\tlabel_key\x18\x01 \x01(\t\x12\x13\n\x0blabel_value\x18\x02 \x01(\t\x12\x31\n\rcreated_after\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0e\x63reated_before\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tpage_size\x18\x05 \x01(\x05\x12\x12\n\npage_token\x18\x06 \x01(\t\"O\n\x10ListRunsResponse\x12\"\n\x04runs\x18\x01 \x03(\x0b\x32\x14.effectledger.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\xbd\x02\n\x04Runs\x12\x44\n\tCreateRun\x12!.effectledger.v1.CreateRunRequest\x1a\x14.effectledger.v1.Run\x12>\n\x06GetRun\x12\x1e.effectledger.v1.GetRunRequest\x1a\x14.effectledger.v1.Run\x12^\n\rListRunEvents\x12%.effectledger.v1.ListRunEventsRequest\x1a&.effectledger.v1.ListRunEventsResponse\x12O\n\x08ListRuns\x12 .effectledger.v1.ListRunsRequest\x1a!.effectledger.v1.ListRunsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x65\x66\x66\x65\x63tledger/v1/runs.proto\x12\x0f\x65\x66\x66\x65\x63tledger.v1\x1a\x1f\x65\x66\x66\x65\x63tledger/v1/retention.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfd\x02\n\x03Run\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x12\n\ncreated_by\x18\x02 \x01(\t\x12.\n\ncreated_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08revision\x18\x04 \x01(\x03\x12\x11\n\thead_hash\x18\x05 \x01(\t\x12\x30\n\x06labels\x18\x06 \x03(\x0b\x32 .effectledger.v1.Run.LabelsEntry\x12\x15\n\rparent_run_id\x18\x07 \x01(\t\x12\x13\n\x0broot_run_id\x18\x08 \x01(\t\x12\r\n\x05world\x18\t \x01(\t\x12\x1e\n\x16\x66orked_from_checkpoint\x18\n \x01(\t\x12\x0f\n\x07segment\x18\x0b \x01(\x05\x12\x10\n\x08provider\x18\x0c \x01(\t\x12\r\n\x05model\x18\r \x01(\t\x12\x0f\n\x07\x61\x64\x61pter\x18\x0e \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc6\x01\n\x10\x43reateRunRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12=\n\x06labels\x18\x02 \x03(\x0b\x32-.effectledger.v1.CreateRunRequest.LabelsEntry\x12\x10\n\x08provider\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x0f\n\x07\x61\x64\x61pter\x18\x05 \x01(\t\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x1f\n\rGetRunRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"Q\n\x14ListRunEventsRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x16\n\x0e\x61\x66ter_revision\x18\x02 \x01(\x03\x12\x11\n\tpage_size\x18\x03 \x01(\x05\"\xfa\x01\n\x08RunEvent\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x10\n\x08revision\x18\x02 \x01(\x03\x12\x0c\n\x04type\x18\x03 \x01(\t\x12\x14\n\x0cpayload_json\x18\x04 \x01(\x0c\x12\x14\n\x0cprincipal_id\x18\x05 \x01(\t\x12.\n\ncreated_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tprev_hash\x18\x07 \x01(\t\x12\x0c\n\x04hash\x18\x08 \x01(\t\x12\x41\n\x14removed_by_retention\x18\t \x01(\x0b\x32#.effectledger.v1.RetentionTombstone\"_\n\x15ListRunEventsResponse\x12)\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x19.effectledger.v1.RunEvent\x12\x1b\n\x13next_after_revision\x18\x02 \x01(\x03\"\xc7\x01\n\x0fListRunsRequest\x12\x11\n\tlabel_key\x18\x01 \x01(\t\x12\x13\n\x0blabel_value\x18\x02 \x01(\t\x12\x31\n\rcreated_after\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x32\n\x0e\x63reated_before\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tpage_size\x18\x05 \x01(\x05\x12\x12\n\npage_token\x18\x06 \x01(\t\"O\n\x10ListRunsResponse\x12\"\n\x04runs\x18\x01 \x03(\x0b\x32\x14.effectledger.v1.Run\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t2\xbd\x02\n\x04Runs\x12\x44\n\tCreateRun\x12!.effectledger.v1.CreateRunRequest\x1a\x14.effectledger.v1.Run\x12>\n\x06GetRun\x12\x1e.effectledger.v1.GetRunRequest\x1a\x14.effectledger.v1.Run\x12^\n\rListRunEvents\x12%.effectledger.v1.ListRunEventsRequest\x1a&.effectledger.v1.ListRunEventsResponse\x12O\n\x08ListRuns\x12 .effectledger.v1.ListRunsRequest\x1a!.effectledger.v1.ListRunsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,26 +37,26 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RUN_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_CREATERUNREQUEST_LABELSENTRY']._loaded_options = None
   _globals['_CREATERUNREQUEST_LABELSENTRY']._serialized_options = b'8\001'
-  _globals['_RUN']._serialized_start=81
-  _globals['_RUN']._serialized_end=462
-  _globals['_RUN_LABELSENTRY']._serialized_start=417
-  _globals['_RUN_LABELSENTRY']._serialized_end=462
-  _globals['_CREATERUNREQUEST']._serialized_start=465
-  _globals['_CREATERUNREQUEST']._serialized_end=663
-  _globals['_CREATERUNREQUEST_LABELSENTRY']._serialized_start=417
-  _globals['_CREATERUNREQUEST_LABELSENTRY']._serialized_end=462
-  _globals['_GETRUNREQUEST']._serialized_start=665
-  _globals['_GETRUNREQUEST']._serialized_end=696
-  _globals['_LISTRUNEVENTSREQUEST']._serialized_start=698
-  _globals['_LISTRUNEVENTSREQUEST']._serialized_end=779
-  _globals['_RUNEVENT']._serialized_start=782
-  _globals['_RUNEVENT']._serialized_end=965
-  _globals['_LISTRUNEVENTSRESPONSE']._serialized_start=967
-  _globals['_LISTRUNEVENTSRESPONSE']._serialized_end=1062
-  _globals['_LISTRUNSREQUEST']._serialized_start=1065
-  _globals['_LISTRUNSREQUEST']._serialized_end=1264
-  _globals['_LISTRUNSRESPONSE']._serialized_start=1266
-  _globals['_LISTRUNSRESPONSE']._serialized_end=1345
-  _globals['_RUNS']._serialized_start=1348
-  _globals['_RUNS']._serialized_end=1665
+  _globals['_RUN']._serialized_start=114
+  _globals['_RUN']._serialized_end=495
+  _globals['_RUN_LABELSENTRY']._serialized_start=450
+  _globals['_RUN_LABELSENTRY']._serialized_end=495
+  _globals['_CREATERUNREQUEST']._serialized_start=498
+  _globals['_CREATERUNREQUEST']._serialized_end=696
+  _globals['_CREATERUNREQUEST_LABELSENTRY']._serialized_start=450
+  _globals['_CREATERUNREQUEST_LABELSENTRY']._serialized_end=495
+  _globals['_GETRUNREQUEST']._serialized_start=698
+  _globals['_GETRUNREQUEST']._serialized_end=729
+  _globals['_LISTRUNEVENTSREQUEST']._serialized_start=731
+  _globals['_LISTRUNEVENTSREQUEST']._serialized_end=812
+  _globals['_RUNEVENT']._serialized_start=815
+  _globals['_RUNEVENT']._serialized_end=1065
+  _globals['_LISTRUNEVENTSRESPONSE']._serialized_start=1067
+  _globals['_LISTRUNEVENTSRESPONSE']._serialized_end=1162
+  _globals['_LISTRUNSREQUEST']._serialized_start=1165
+  _globals['_LISTRUNSREQUEST']._serialized_end=1364
+  _globals['_LISTRUNSRESPONSE']._serialized_start=1366
+  _globals['_LISTRUNSRESPONSE']._serialized_end=1445
+  _globals['_RUNS']._serialized_start=1448
+  _globals['_RUNS']._serialized_end=1765
 # @@protoc_insertion_point(module_scope)

@@ -1,5 +1,6 @@
 import datetime
 
+from effect_ledger_client._proto.effectledger.v1 import retention_pb2 as _retention_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
@@ -86,7 +87,7 @@ class ListRunEventsRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., after_revision: _Optional[int] = ..., page_size: _Optional[int] = ...) -> None: ...
 
 class RunEvent(_message.Message):
-    __slots__ = ("run_id", "revision", "type", "payload_json", "principal_id", "created_at", "prev_hash", "hash")
+    __slots__ = ("run_id", "revision", "type", "payload_json", "principal_id", "created_at", "prev_hash", "hash", "removed_by_retention")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
     TYPE_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +96,7 @@ class RunEvent(_message.Message):
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     PREV_HASH_FIELD_NUMBER: _ClassVar[int]
     HASH_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_BY_RETENTION_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     revision: int
     type: str
@@ -103,7 +105,8 @@ class RunEvent(_message.Message):
     created_at: _timestamp_pb2.Timestamp
     prev_hash: str
     hash: str
-    def __init__(self, run_id: _Optional[str] = ..., revision: _Optional[int] = ..., type: _Optional[str] = ..., payload_json: _Optional[bytes] = ..., principal_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., prev_hash: _Optional[str] = ..., hash: _Optional[str] = ...) -> None: ...
+    removed_by_retention: _retention_pb2.RetentionTombstone
+    def __init__(self, run_id: _Optional[str] = ..., revision: _Optional[int] = ..., type: _Optional[str] = ..., payload_json: _Optional[bytes] = ..., principal_id: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., prev_hash: _Optional[str] = ..., hash: _Optional[str] = ..., removed_by_retention: _Optional[_Union[_retention_pb2.RetentionTombstone, _Mapping]] = ...) -> None: ...
 
 class ListRunEventsResponse(_message.Message):
     __slots__ = ("events", "next_after_revision")
