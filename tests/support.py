@@ -297,6 +297,16 @@ def servers_on_fresh_database(prefix: str, count: int, extra_args: list[str] | N
         drop_pg_database(url)
 
 
+def reload_policy(server: ServerProcess, timeout_seconds: float = 10.0) -> None:
+    """SIGHUP: the server reloads its policy folder; returns once its log says it did."""
+    before = server.log().count("policy reloaded")
+    server.process.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + timeout_seconds
+    while server.log().count("policy reloaded") <= before:
+        assert time.monotonic() < deadline, server.log()
+        time.sleep(0.05)
+
+
 def not_happened(effect_id: str, reason: str = "the provider has no record of it", *, lookup: bool = False):
     """ReconcileEffect(not_happened); ``lookup``: with a provider lookup as structured evidence
     (what an attempt's own principal needs, for a QUERY_THEN_RETRY tool)."""

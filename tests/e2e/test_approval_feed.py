@@ -45,10 +45,18 @@ TARGET = "bank:acct-1"
 # Generous: an event is pushed at once (PostgreSQL) or found by the next 1 s poll (SQLite).
 EVENT_WAIT_SECONDS = 10.0
 STREAM_SECONDS = 60.0
-# With the lease sweeper asleep, only the health monitor touches the database (SELECT 1, rolled
-# back: counted in xact_rollback, never in xact_commit) besides what these tests do. One pooled
-# connection keeps PostgreSQL's statistics prompt (see the idle test).
-QUIET_SERVER_ARGS = ["--lease-sweep-interval-seconds", "3600", "--database-pool-size", "1"]
+# With the lease sweeper and the scheduler asleep (each reads the database once a second
+# otherwise), only the health monitor touches the database (SELECT 1, rolled back: counted in
+# xact_rollback, never in xact_commit) besides what these tests do. One pooled connection keeps
+# PostgreSQL's statistics prompt (see the idle test).
+QUIET_SERVER_ARGS = [
+    "--lease-sweep-interval-seconds",
+    "3600",
+    "--scheduler-interval-seconds",
+    "3600",
+    "--database-pool-size",
+    "1",
+]
 
 
 # --- helpers -------------------------------------------------------------------------------

@@ -40,6 +40,8 @@ from effectledger.v1 import (
     gate_pb2_grpc,
     runs_pb2,
     runs_pb2_grpc,
+    schedules_pb2,
+    schedules_pb2_grpc,
     tools_pb2_grpc,
 )
 from support import ServerProcess, authorize_request, contract, new_tenant
@@ -62,6 +64,7 @@ class Caller:
         self.runs = runs_pb2_grpc.RunsStub(self.channel)
         self.tools = tools_pb2_grpc.ToolRegistryStub(self.channel)
         self.checkpoints = checkpoints_pb2_grpc.CheckpointsStub(self.channel)
+        self.schedules = schedules_pb2_grpc.SchedulesStub(self.channel)
 
     def unary(self, method, request, token: str, request_id: str | None = None):
         """(response or None, trailing metadata, status code name)."""
@@ -288,14 +291,25 @@ def test_metrics_count_a_scripted_run(pg_url):
         assert caller.unary(caller.tools.PutToolContract, contract(), agent)[2] == "PERMISSION_DENIED"
         assert outcomes == [1, 1, 1] and denied.outcome == 2  # ALLOW x3, DENY
         deny_reason = denied.reasons[0].code
+        scheduled = schedules_pb2.ScheduleIntentRequest(
+            run_id=run_id,
+            tool="email.send",
+            arguments_json=b"{}",
+            idempotency_key="k-later",
+            target="mailto:bob@example.com",
+            purpose=schedules_pb2.DELAYED_RETRY,
+            delay_seconds=1,
+        )
+        assert caller.unary(caller.schedules.ScheduleIntent, scheduled, agent)[2] == "OK"
 
         samples = wait_for(
             lambda: (
                 (found := scrape(url))
                 and sample(found, "effect_ledger_effects_open", tenant=tenant.name) == 3
+                and sample(found, "effect_ledger_scheduled_intents_moved_total", state="DUE") == 1
                 and found
             ),
-            "the sampled open effects",
+            "the sampled open effects and the fired schedule",
         )
         rpcs = "effect_ledger_rpcs_total"
         assert sample(samples, rpcs, method=AUTHORIZE, code="OK") == 4

@@ -4,9 +4,7 @@ whose policy changes under it (SIGHUP reloads the embedded policy from its folde
 from __future__ import annotations
 
 import shutil
-import signal
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -22,12 +20,11 @@ from support import (
     not_happened,
     outcome_name,
     raises_error,
+    reload_policy,
     unknown,
 )
 
 pytestmark = pytest.mark.postgres
-
-RELOAD_WAIT_SECONDS = 10.0
 
 NO_EMAIL_TO_BOB = """package effectledger.gate
 
@@ -49,15 +46,6 @@ def changing(pg_url):
     finally:
         server.stop()
         shutil.rmtree(folder.parent, ignore_errors=True)
-
-
-def reload_policy(server: ServerProcess) -> None:
-    before = server.log().count("policy reloaded")
-    server.process.send_signal(signal.SIGHUP)
-    deadline = time.monotonic() + RELOAD_WAIT_SECONDS
-    while server.log().count("policy reloaded") <= before:
-        assert time.monotonic() < deadline, server.log()
-        time.sleep(0.05)
 
 
 def replay(client, decision_id: str) -> gate_pb2.ReplayDecisionResponse:

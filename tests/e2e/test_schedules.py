@@ -26,6 +26,18 @@ def schedule_request(run_id: str, key: str, **fields) -> schedules_pb2.ScheduleI
     )
 
 
+def run_with_budget(agent, admin, *, estimate: int) -> str:
+    """A run with a RUN budget of 100 usd_cents, and the tool's default estimate set to ``estimate``."""
+    run_id = new_run(agent)
+    admin.budgets.PutBudget(
+        budgets_pb2.PutBudgetRequest(scope=budgets_pb2.RUN, scope_id=run_id, dimension="usd_cents", limit=100)
+    )
+    request = contract()
+    request.contract.default_estimate["usd_cents"] = estimate
+    admin.tools.PutToolContract(request)
+    return run_id
+
+
 def codes(response) -> list[str]:
     return [reason.code for reason in response.reasons]
 
@@ -86,13 +98,7 @@ def test_an_absolute_not_before_in_the_past_is_due_at_once_and_the_gate_fires_it
 
 
 def test_a_held_reservation_is_the_contracts_estimate_and_cancelling_releases_it(server, tenant, agent, admin):
-    request = contract()
-    request.contract.default_estimate["usd_cents"] = 40
-    admin.tools.PutToolContract(request)
-    run_id = new_run(agent)
-    admin.budgets.PutBudget(
-        budgets_pb2.PutBudgetRequest(scope=budgets_pb2.RUN, scope_id=run_id, dimension="usd_cents", limit=100)
-    )
+    run_id = run_with_budget(agent, admin, estimate=40)
     scheduled = agent.schedules.ScheduleIntent(schedule_request(run_id, "k-held", delay_seconds=3600, hold_budget=True))
     assert dict(scheduled.reservation) == {"usd_cents": 40}
     held = agent.budgets.GetBudget(budgets_pb2.GetBudgetRequest(scope=budgets_pb2.RUN, scope_id=run_id))
@@ -119,13 +125,7 @@ def test_a_held_reservation_is_the_contracts_estimate_and_cancelling_releases_it
 
 
 def test_a_deadline_expires_the_schedule_and_releases_what_it_held(server, tenant, agent, admin):
-    request = contract()
-    request.contract.default_estimate["usd_cents"] = 10
-    admin.tools.PutToolContract(request)
-    run_id = new_run(agent)
-    admin.budgets.PutBudget(
-        budgets_pb2.PutBudgetRequest(scope=budgets_pb2.RUN, scope_id=run_id, dimension="usd_cents", limit=100)
-    )
+    run_id = run_with_budget(agent, admin, estimate=10)
     created = agent.schedules.ScheduleIntent(schedule_request(run_id, "k-lapse", delay_seconds=1, hold_budget=True))
     deadline = created.not_before.ToDatetime().timestamp() + 1
     # A deadline one second after not_before (as a Timestamp); a second schedule for another key.

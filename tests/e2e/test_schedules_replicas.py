@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import random
 import shutil
-import signal
 import tempfile
 import time
 from collections import Counter
@@ -34,6 +33,7 @@ from support import (
     new_tenant,
     outcome_name,
     psycopg_url,
+    reload_policy,
     succeeded,
 )
 
@@ -42,7 +42,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.multiprocess]
 REPLICAS = 3
 SCHEDULER_ARGS = ["--scheduler-interval-seconds", "0.1"]
 WAIT_SECONDS = 30.0
-RELOAD_WAIT_SECONDS = 10.0
+KILLS_MIN = 4
 BLOCK_BOB = """package effectledger.gate
 
 import rego.v1
@@ -152,12 +152,7 @@ def test_a_policy_change_before_the_due_time_denies_the_reconsideration(cluster)
 
     (folder / "effectledger" / "gate" / "bob.rego").write_text(BLOCK_BOB)
     for server in servers:
-        before = server.log().count("policy reloaded")
-        server.process.send_signal(signal.SIGHUP)
-        deadline = time.monotonic() + RELOAD_WAIT_SECONDS
-        while server.log().count("policy reloaded") <= before:
-            assert time.monotonic() < deadline, server.log()
-            time.sleep(0.05)
+        reload_policy(server)
 
     first_due(tenant.client(servers[1], "agent"), run_id)
     denied = tenant.client(servers[2], "agent").gate.AuthorizeEffect(authorize_request(run_id, "later-1"))
@@ -192,9 +187,11 @@ def test_replicas_killed_while_firing_never_fire_one_intent_twice(cluster):
         for i in range(count)
     ]
     chaos = random.Random(15)
+    # Kills go on while the schedules fall due (one to four seconds after they were made), and
+    # for at least four kills however slowly a loaded machine restarts a replica.
     deadline = time.monotonic() + 6.0
     kills = 0
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline or kills < KILLS_MIN:
         victim = servers[chaos.randrange(len(servers))]
         victim.kill()
         kills += 1
@@ -209,7 +206,6 @@ def test_replicas_killed_while_firing_never_fire_one_intent_twice(cluster):
         assert time.monotonic() < wait_until, Counter(states)
         time.sleep(0.2)
     fired = due_events(url, tenant.name)
-    assert kills >= 3
     assert set(fired) == set(made) and max(fired.values()) == 1, fired.most_common(3)
     with psycopg.connect(psycopg_url(url)) as connection:
         sequences = [

@@ -108,6 +108,12 @@ class Metrics:
             ["engine", "reason"],
             registry=registry,
         )
+        self.schedules_moved = Counter(
+            "effect_ledger_scheduled_intents_moved",
+            "Scheduled intents this process's scheduler moved, by the state it moved them to.",
+            ["state"],
+            registry=registry,
+        )
         self.pool_checked_out = Gauge(
             "effect_ledger_database_pool_checked_out_connections",
             "Database connections in use (summed over workers).",
@@ -166,6 +172,10 @@ class Metrics:
         if histogram is None:
             histogram = self._rpc_seconds_children[method] = self.rpc_seconds.labels(method)
         histogram.observe(seconds)
+
+    def observe_schedules(self, moved: dict[str, int]) -> None:
+        for state, count in moved.items():
+            self.schedules_moved.labels(state).inc(count)
 
     def observe_decision(self, outcome: str, reason: str) -> None:
         counter = self._decision_children.get((outcome, reason))

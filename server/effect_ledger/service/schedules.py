@@ -313,32 +313,36 @@ async def release_for_reconsideration(unit: UnitOfWork, tenant: str, schedule: S
 # --- the scheduler --------------------------------------------------------------------------
 
 
-async def tick(database: Database, replica: str, batch_max: int = FIRE_BATCH_MAX) -> int:
+async def tick(database: Database, replica: str, batch_max: int = FIRE_BATCH_MAX) -> dict[str, int]:
     """One pass of a replica's scheduler: fire what is due, expire what lapsed, cancel what a
-    condition cancels. One transaction per schedule; returns how many it moved."""
+    condition cancels. One transaction per schedule; returns how many it moved, by new state."""
     ripe = await database.run(lambda unit: schedule_store.ripe(unit.connection, unit.now, batch_max))
-    moved = 0
+    moved: dict[str, int] = {}
     for tenant, schedule_id in ripe:
-        moved += await database.run(
-            functools.partial(_advance, tenant=tenant, schedule_id=schedule_id, replica=replica)
-        )
+        state = await database.run(functools.partial(_advance, tenant=tenant, schedule_id=schedule_id, replica=replica))
+        if state is not None:
+            moved[state.value] = moved.get(state.value, 0) + 1
     return moved
 
 
-async def _advance(unit: UnitOfWork, *, tenant: str, schedule_id: str, replica: str) -> int:
+async def _advance(unit: UnitOfWork, *, tenant: str, schedule_id: str, replica: str) -> ScheduleState | None:
+    """Move one schedule as its time and conditions say; the state it moved to, or None when
+    it was not this pass's to move (another replica or the gate moved it, or it is not ripe)."""
     schedule = await schedule_store.get(unit.connection, tenant, schedule_id, lock=True)
     if schedule is None or not schedule.state.open:
-        return 0
+        return None
     if expired(schedule, unit.now):
-        return int(await close(unit, tenant, schedule, ScheduleState.EXPIRED, SCHEDULER, "the deadline passed"))
+        closed = await close(unit, tenant, schedule, ScheduleState.EXPIRED, SCHEDULER, "the deadline passed")
+        return ScheduleState.EXPIRED if closed else None
     if schedule.state != ScheduleState.SCHEDULED:
-        return 0
+        return None
     if CancelCondition.EFFECT_SUCCEEDED in schedule.cancel_conditions:
         effect = await repo.effect_by_key(unit.connection, tenant, schedule.idempotency_key)
         if effect is not None and effect.stage == Stage.SUCCEEDED:
             reason = f"effect {effect.effect_id} SUCCEEDED before the schedule was due"
-            return int(await close(unit, tenant, schedule, ScheduleState.CANCELLED, SCHEDULER, reason))
-    return int(await fire(unit, tenant, schedule, replica))
+            closed = await close(unit, tenant, schedule, ScheduleState.CANCELLED, SCHEDULER, reason)
+            return ScheduleState.CANCELLED if closed else None
+    return ScheduleState.DUE if await fire(unit, tenant, schedule, replica) else None
 
 
 async def resume_cancellations(unit: UnitOfWork, tenant: str, run_id: str, listed: set[str], by: str) -> list[str]:

@@ -268,24 +268,44 @@ async def decision_batch(
 ) -> list[Row[Any]]:
     """Decisions older than ``cutoff`` of runs not retained, in id order (ids begin with their
     creation time, so old decisions come first); never their policy input (it is not read)."""
+    columns = (decisions.c.decision_id, decisions.c.run_id, decisions.c.input_digest)
+    return await _aged_batch(connection, decisions, columns, tenant_id, cutoff, now, after_id, limit, dry_run)
+
+
+async def _aged_batch(
+    connection: AsyncConnection,
+    table: Any,
+    columns: tuple[Any, ...],
+    tenant_id: str,
+    cutoff: datetime,
+    now: datetime,
+    after_id: str,
+    limit: int,
+    dry_run: bool,
+) -> list[Row[Any]]:
+    """Rows of ``table`` created before ``cutoff`` by runs not retained, after ``after_id`` in
+    the order of their first column (the table's id, which begins with its creation time)."""
+    identifier = columns[0]
     query = (
-        select(decisions.c.decision_id, decisions.c.run_id, decisions.c.input_digest)
+        select(*columns)
         .where(
-            decisions.c.tenant_id == tenant_id,
-            decisions.c.decision_id > after_id,
-            decisions.c.created_at < cutoff,
-            not_retained(decisions.c.tenant_id, decisions.c.run_id, now),
+            table.c.tenant_id == tenant_id,
+            identifier > after_id,
+            table.c.created_at < cutoff,
+            not_retained(table.c.tenant_id, table.c.run_id, now),
         )
-        .order_by(decisions.c.decision_id)
+        .order_by(identifier)
         .limit(limit)
     )
     return list((await connection.execute(_lock(query, dry_run))).all())
 
 
+async def _delete(connection: AsyncConnection, table: Any, identifier: Any, tenant_id: str, ids: list[str]) -> None:
+    await connection.execute(delete(table).where(table.c.tenant_id == tenant_id, identifier.in_(ids)))
+
+
 async def delete_decisions(connection: AsyncConnection, tenant_id: str, ids: list[str]) -> None:
-    await connection.execute(
-        delete(decisions).where(decisions.c.tenant_id == tenant_id, decisions.c.decision_id.in_(ids))
-    )
+    await _delete(connection, decisions, decisions.c.decision_id, tenant_id, ids)
 
 
 async def event_batch(
@@ -348,24 +368,12 @@ async def snapshot_batch(
     *,
     dry_run: bool,
 ) -> list[Row[Any]]:
-    query = (
-        select(snapshots.c.snapshot_id, snapshots.c.run_id, snapshots.c.value)
-        .where(
-            snapshots.c.tenant_id == tenant_id,
-            snapshots.c.snapshot_id > after_id,
-            snapshots.c.created_at < cutoff,
-            not_retained(snapshots.c.tenant_id, snapshots.c.run_id, now),
-        )
-        .order_by(snapshots.c.snapshot_id)
-        .limit(limit)
-    )
-    return list((await connection.execute(_lock(query, dry_run))).all())
+    columns = (snapshots.c.snapshot_id, snapshots.c.run_id, snapshots.c.value)
+    return await _aged_batch(connection, snapshots, columns, tenant_id, cutoff, now, after_id, limit, dry_run)
 
 
 async def delete_snapshots(connection: AsyncConnection, tenant_id: str, ids: list[str]) -> None:
-    await connection.execute(
-        delete(snapshots).where(snapshots.c.tenant_id == tenant_id, snapshots.c.snapshot_id.in_(ids))
-    )
+    await _delete(connection, snapshots, snapshots.c.snapshot_id, tenant_id, ids)
 
 
 async def reachable_artifact_digests(

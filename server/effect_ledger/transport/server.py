@@ -176,19 +176,23 @@ def replica_name() -> str:
     return f"{socket.gethostname()}/{os.getpid()}"[:128]
 
 
-async def _scheduler(database: Database, interval: float) -> None:
+async def _scheduler(database: Database, interval: float, metrics: observed_metrics.Metrics | None) -> None:
     """Fire the scheduled intents that are due (by the database clock), expire the lapsed ones,
     every ``interval`` seconds; sooner again while a pass finds a full batch."""
     replica = replica_name()
     while True:
-        moved = 0
+        moved: dict[str, int] = {}
         try:
             moved = await schedules.tick(database, replica)
         except asyncio.CancelledError:
             raise
         except Exception as error:  # noqa: BLE001 - keep scheduling; the next pass retries
             log.warning("scheduler pass failed: %s", error)
-        await asyncio.sleep(0 if moved >= schedules.FIRE_BATCH_MAX else interval)
+        if moved:
+            log.debug("scheduler moved %s", moved)
+            if metrics is not None:
+                metrics.observe_schedules(moved)
+        await asyncio.sleep(0 if sum(moved.values()) >= schedules.FIRE_BATCH_MAX else interval)
 
 
 async def _retention_collector(database: Database, interval: float) -> None:
@@ -288,7 +292,7 @@ async def start_server(
     )
     if settings.scheduler_interval_seconds > 0:
         # Every process runs one (every replica, every worker): the database lets one fire each intent.
-        running.tasks.append(asyncio.create_task(_scheduler(database, settings.scheduler_interval_seconds)))
+        running.tasks.append(asyncio.create_task(_scheduler(database, settings.scheduler_interval_seconds, metrics)))
     if sweep_leases:
         running.tasks.append(
             asyncio.create_task(
