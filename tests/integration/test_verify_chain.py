@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import subprocess
 import sys
 import tempfile
+import uuid
 
 import psycopg
 import pytest
 
 from support import (
+    PG_ADMIN_URL,
     ServerProcess,
     authorize_request,
     contract,
@@ -25,9 +28,10 @@ from support import (
 )
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def ledger(request):
-    """A database of its own (verify reads every run), filled through a real server."""
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def filled_ledger(request):
+    """A database filled through a real server, once per backend: each test verifies (and edits)
+    a copy of its own, the same as filling one per test, without a server start per test."""
     if request.param == "postgres":
         url = create_pg_database("el_verify")
     else:
@@ -41,10 +45,40 @@ def ledger(request):
     for key in ("k1", "k2"):
         allowed = agent.gate.AuthorizeEffect(authorize_request(run_id, key, target=f"mailto:{key}@example.com"))
         agent.gate.RecordOutcome(succeeded(allowed.attempt_id))
+    admin.close()
+    agent.close()
     server.stop()
     yield url, run_id
     if request.param == "postgres":
         drop_pg_database(url)
+
+
+@pytest.fixture
+def ledger(filled_ledger):
+    """A database of its own (verify reads every run): a copy of the backend's filled one."""
+    template, run_id = filled_ledger
+    if template.startswith("sqlite"):
+        url = f"sqlite:///{os.path.join(tempfile.mkdtemp(prefix='el-verify-'), 'ledger.db')}"
+        with (
+            contextlib.closing(sqlite3.connect(template.removeprefix("sqlite:///"))) as source,
+            contextlib.closing(sqlite3.connect(url.removeprefix("sqlite:///"))) as copy,
+        ):
+            source.backup(copy)
+        yield url, run_id
+        return
+    base, template_name = template.rsplit("/", 1)
+    name = f"el_verify_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as connection:
+        # Nothing may be connected to a template while it is copied (the filling process's own
+        # pooled connections included).
+        connection.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+            (template_name,),
+        )
+        connection.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template_name}"')
+    url = f"{base}/{name}"
+    yield url, run_id
+    drop_pg_database(url)
 
 
 def verify(url: str) -> subprocess.CompletedProcess:
