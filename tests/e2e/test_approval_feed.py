@@ -45,6 +45,7 @@ TARGET = "bank:acct-1"
 # Generous: an event is pushed at once (PostgreSQL) or found by the next 1 s poll (SQLite).
 EVENT_WAIT_SECONDS = 10.0
 STREAM_SECONDS = 60.0
+IDLE_WINDOWS_MAX = 3
 # With the lease sweeper and the scheduler asleep (each reads the database once a second
 # otherwise), only the health monitor touches the database (SELECT 1, rolled back: counted in
 # xact_rollback, never in xact_commit) besides what these tests do. One pooled connection keeps
@@ -333,11 +334,17 @@ def test_idle_streams_make_no_database_transactions_and_the_streams_are_bounded(
         assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert error_from_rpc(error.value).reason == "WATCHERS_EXHAUSTED"
 
-        start = steady_commits(url, quiet_seconds=2.5, timeout=20.0)
-        time.sleep(2.0)
-        idle = committed_transactions(url) - start
-        # Autovacuum may visit the new database; streams that polled would commit 64+ a second.
-        assert idle <= 5, f"{idle} transactions committed while {WATCHERS_MAX} streams were idle"
+        # Autovacuum may visit the new database, and on a loaded machine a visit can fall in a
+        # window: up to three windows are measured, and one quiet window is enough. Streams
+        # that polled would commit 64+ a second in every window.
+        windows = []
+        for _ in range(IDLE_WINDOWS_MAX):
+            start = steady_commits(url, quiet_seconds=2.5, timeout=20.0)
+            time.sleep(2.0)
+            windows.append(committed_transactions(url) - start)
+            if windows[-1] <= 5:
+                break
+        assert min(windows) <= 5, f"{windows} transactions committed while {WATCHERS_MAX} streams were idle"
 
         with tenant.client(server, "reviewer") as reviewer:
             decide(reviewer, approval.approval_id)

@@ -44,7 +44,15 @@ from effectledger.v1 import (
     schedules_pb2_grpc,
     tools_pb2_grpc,
 )
-from support import ServerProcess, authorize_request, contract, new_tenant
+from support import (
+    ServerProcess,
+    authorize_request,
+    contract,
+    create_pg_database,
+    drop_pg_database,
+    migrate,
+    new_tenant,
+)
 
 pytestmark = pytest.mark.postgres
 
@@ -269,15 +277,18 @@ def test_a_policy_failure_logs_its_cause_and_tells_the_client_none_of_it(pg_url)
 # --- metrics ---------------------------------------------------------------------------------
 
 
-def test_metrics_count_a_scripted_run(pg_url):
+def test_metrics_count_a_scripted_run():
+    # A database of its own: no other server's scheduler fires the schedule this one counts.
+    database = create_pg_database("el_metrics")
+    migrate(database)
     server = ServerProcess(
-        pg_url,
+        database,
         ["--metrics-listen", "127.0.0.1:0", "--metrics-sample-interval-seconds", "0.2"],
     ).start()
     caller = Caller(server.target)
     try:
         url = wait_for(lambda: (METRICS_URL.search(server.log()) or [None, None])[1], "the metrics endpoint")
-        tenant = new_tenant(pg_url)
+        tenant = new_tenant(database)
         admin, agent = tenant.tokens["admin"], tenant.tokens["agent"]
         assert caller.unary(caller.tools.PutToolContract, contract(), admin)[2] == "OK"
         run_id = caller.unary(caller.runs.CreateRun, runs_pb2.CreateRunRequest(), agent)[0].run_id
@@ -332,6 +343,7 @@ def test_metrics_count_a_scripted_run(pg_url):
     finally:
         caller.close()
         server.stop()
+        drop_pg_database(database)
 
 
 @pytest.mark.multiprocess
