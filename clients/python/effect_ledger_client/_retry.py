@@ -10,8 +10,10 @@ A call is retried only when repeating it cannot do anything twice:
 - ``CreateRun`` with a ``request_id`` (which names one run).
 
 Everything else is called once: ``CreateRun`` without ``request_id`` would create a second run,
-``DecideApproval`` would vote twice, ``ReconcileEffect`` would be refused after the first one
-settled the effect, and streams are not restarted (the guard resumes its approval watch itself).
+``DecideApproval`` would vote twice, a repeated ``ReconcileEffect`` could settle an attempt
+authorized after the first one settled the effect (the same evidence on a settled effect is
+answered unchanged, but a new open attempt would take it), and streams are not restarted (the
+guard resumes its approval watch itself).
 
 Retried on UNAVAILABLE, RESOURCE_EXHAUSTED (not ``QUOTA_EXCEEDED``: a full quota does not drain
 by waiting) and ABORTED, after the server's ``RetryInfo`` delay when it sent one, else a
