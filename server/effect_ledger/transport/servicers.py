@@ -102,6 +102,12 @@ class Application:
         subject = peer.client_subject(context)
         return await self.database.run_driver(lambda driver: work(driver, hashed, subject))
 
+    def page(self, request: Any) -> tuple[int, str]:
+        """A paged request's page size (checked against the limits) and the position its page
+        starts after (its page token, decoded)."""
+        size = self.page_size(request.page_size, self.limits.page_size_default, self.limits.page_size_max)
+        return size, decode_token(request.page_token)
+
     def page_size(self, requested: int, default: int, maximum: int) -> int:
         if requested < 0 or requested > maximum:
             raise InvalidArgument.field("page_size", f"must be between 0 and {maximum}", reason="INVALID_PAGE_SIZE")
@@ -147,9 +153,7 @@ class ToolRegistryServicer(tools_pb2_grpc.ToolRegistryServicer):
         return mapping.contract_to_proto(contract)
 
     async def ListToolContracts(self, request, context):
-        limits = self.app.limits
-        size = self.app.page_size(request.page_size, limits.page_size_default, limits.page_size_max)
-        after = decode_token(request.page_token)
+        size, after = self.app.page(request)
         found = await self.app.call(
             context,
             roles.of("ToolRegistry", "ListToolContracts"),
@@ -211,9 +215,7 @@ class RunsServicer(runs_pb2_grpc.RunsServicer):
         )
 
     async def ListRuns(self, request, context):
-        limits = self.app.limits
-        size = self.app.page_size(request.page_size, limits.page_size_default, limits.page_size_max)
-        after = decode_token(request.page_token)
+        size, after = self.app.page(request)
         created = queries.CreatedRange(
             mapping.optional_time(request, "created_after"), mapping.optional_time(request, "created_before")
         )
@@ -415,9 +417,7 @@ class GateServicer(gate_pb2_grpc.GateServicer):
         return mapping.effect_to_proto(effect)
 
     async def ListOpenEffects(self, request, context):
-        limits = self.app.limits
-        size = self.app.page_size(request.page_size, limits.page_size_default, limits.page_size_max)
-        after = decode_token(request.page_token)
+        size, after = self.app.page(request)
         found = await self.app.call(
             context,
             roles.of("Gate", "ListOpenEffects"),
@@ -447,9 +447,7 @@ class GateServicer(gate_pb2_grpc.GateServicer):
         return mapping.replay_to_proto(found)
 
     async def ListEffects(self, request, context):
-        limits = self.app.limits
-        size = self.app.page_size(request.page_size, limits.page_size_default, limits.page_size_max)
-        after = decode_token(request.page_token)
+        size, after = self.app.page(request)
         stages = mapping.stages_filter(request.stages)
         created = queries.CreatedRange(
             mapping.optional_time(request, "created_after"), mapping.optional_time(request, "created_before")
@@ -475,9 +473,7 @@ class GateServicer(gate_pb2_grpc.GateServicer):
         )
 
     async def ListDecisions(self, request, context):
-        limits = self.app.limits
-        size = self.app.page_size(request.page_size, limits.page_size_default, limits.page_size_max)
-        after = decode_token(request.page_token)
+        size, after = self.app.page(request)
         outcome = mapping.outcome_filter(request.outcome)
         page = await self.app.call(
             context,

@@ -13,7 +13,7 @@ from effect_ledger.service import approvals, budgets, queries
 from effect_ledger.service.approvals import ApprovalRequest, ApprovalSettings
 from effect_ledger.storage.notifications import FeedWakeups
 from effect_ledger.transport import mapping, roles, status
-from effect_ledger.transport.servicers import Application, decode_token, encode_token
+from effect_ledger.transport.servicers import Application, encode_token
 from effectledger.v1 import approvals_pb2, approvals_pb2_grpc, budgets_pb2, budgets_pb2_grpc
 
 WATCH_BATCH_MAX = 100
@@ -51,9 +51,7 @@ class ApprovalsServicer(approvals_pb2_grpc.ApprovalsServicer):
         return await self.app.call(context, roles.of("Approvals", "GetApproval"), work)
 
     async def ListApprovals(self, request, context):
-        limits = self.app.limits
-        size = self.app.page_size(request.page_size, limits.page_size_default, limits.page_size_max)
-        after = decode_token(request.page_token)
+        size, after = self.app.page(request)
         state = mapping.approval_state_filter(request.state)
 
         async def work(unit, principal):
@@ -201,9 +199,7 @@ class BudgetsServicer(budgets_pb2_grpc.BudgetsServicer):
         return await self.app.call(context, roles.of("Budgets", "RecordUsage"), work)
 
     async def ListBudgets(self, request, context):
-        limits = self.app.limits
-        size = self.app.page_size(request.page_size, limits.page_size_default, limits.page_size_max)
-        after = decode_token(request.page_token)
+        size, after = self.app.page(request)
         scope = mapping.scope_filter(request.scope)
         page = await self.app.call(
             context,

@@ -13,7 +13,7 @@ from effect_ledger.policy.engine import PolicyEngine
 from effect_ledger.service import checkpoints
 from effect_ledger.storage.checkpoint_store import ArtifactRow, CheckpointRecord
 from effect_ledger.transport import mapping, roles, status
-from effect_ledger.transport.servicers import Application, decode_token, encode_token
+from effect_ledger.transport.servicers import Application, encode_token
 from effectledger.v1 import checkpoints_pb2, checkpoints_pb2_grpc
 
 CHUNK_BYTES = 64 * 1024
@@ -164,9 +164,7 @@ class CheckpointsServicer(checkpoints_pb2_grpc.CheckpointsServicer):
         return checkpoint_to_proto(record)
 
     async def ListCheckpoints(self, request, context):
-        limits = self.app.limits
-        size = self.app.page_size(request.page_size, limits.page_size_default, limits.page_size_max)
-        after = decode_token(request.page_token)
+        size, after = self.app.page(request)
         found = await self.app.call(
             context,
             roles.of("Checkpoints", "ListCheckpoints"),

@@ -6,7 +6,7 @@ from effect_ledger.errors import InvalidArgument
 from effect_ledger.service import principals
 from effect_ledger.storage.principal_store import PrincipalRecord
 from effect_ledger.transport import mapping, roles
-from effect_ledger.transport.servicers import Application, decode_token, encode_token
+from effect_ledger.transport.servicers import Application, encode_token
 from effectledger.v1 import principals_pb2, principals_pb2_grpc
 
 
@@ -27,9 +27,7 @@ class PrincipalsServicer(principals_pb2_grpc.PrincipalsServicer):
         self.app = app
 
     async def ListPrincipals(self, request, context):
-        limits = self.app.limits
-        size = self.app.page_size(request.page_size, limits.page_size_default, limits.page_size_max)
-        after = decode_token(request.page_token)
+        size, after = self.app.page(request)
         found = await self.app.call(
             context,
             roles.of("Principals", "ListPrincipals"),

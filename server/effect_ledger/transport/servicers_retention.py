@@ -10,7 +10,7 @@ from effect_ledger.service import retention
 from effect_ledger.storage.engine import UnitOfWork
 from effect_ledger.storage.retention_store import HoldRecord
 from effect_ledger.transport import mapping, roles
-from effect_ledger.transport.servicers import Application, decode_token, encode_token
+from effect_ledger.transport.servicers import Application, encode_token
 from effectledger.v1 import retention_pb2, retention_pb2_grpc
 
 
@@ -82,9 +82,7 @@ class RetentionServicer(retention_pb2_grpc.RetentionServicer):
         return hold_to_proto(hold)
 
     async def ListLegalHolds(self, request, context):
-        limits = self.app.limits
-        size = self.app.page_size(request.page_size, limits.page_size_default, limits.page_size_max)
-        after = decode_token(request.page_token)
+        size, after = self.app.page(request)
         found = await self.app.call(
             context,
             roles.of("Retention", "ListLegalHolds"),

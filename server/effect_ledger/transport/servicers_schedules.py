@@ -8,7 +8,7 @@ from effect_ledger.errors import LedgerError
 from effect_ledger.service import schedules
 from effect_ledger.service.schedules import ScheduleCommand
 from effect_ledger.transport import mapping, roles, status
-from effect_ledger.transport.servicers import Application, decode_token, encode_token
+from effect_ledger.transport.servicers import Application, encode_token
 from effectledger.v1 import schedules_pb2, schedules_pb2_grpc
 
 WATCH_BATCH_MAX = 100
@@ -49,9 +49,7 @@ class SchedulesServicer(schedules_pb2_grpc.SchedulesServicer):
         return await self.app.call(context, roles.of("Schedules", "GetSchedule"), work)
 
     async def ListSchedules(self, request, context):
-        limits = self.app.limits
-        size = self.app.page_size(request.page_size, limits.page_size_default, limits.page_size_max)
-        before = decode_token(request.page_token)
+        size, before = self.app.page(request)
         state = mapping.schedule_state_filter(request.state)
 
         async def work(unit, principal):
