@@ -94,11 +94,14 @@ def test_a_pathological_pattern_answers_at_once(admin, agent):
     admin.tools.PutToolContract(contract(arguments_schema_json=json.dumps(schema).encode()))
     run_id = new_run(agent)
     arguments = json.dumps({"to": PATHOLOGICAL_INPUT}).encode()
-    for attempt in range(2):  # compiled on the first call, from the cache on the second
+    # Compiled on the first call (which may also start the checks' worker process), from the
+    # cache on the second. A backtracking engine takes seconds on this input (about 10 s for
+    # Python's re here), every time; the bounds leave room for a loaded machine.
+    for attempt, bound_seconds in enumerate((2.0, 1.0)):
         started = time.monotonic()
         with raises_error("INVALID_ARGUMENT", "ARGUMENTS_SCHEMA_VIOLATION"):
             agent.gate.AuthorizeEffect(authorize_request(run_id, f"k-{attempt}", arguments=arguments))
-        assert time.monotonic() - started < 0.5
+        assert time.monotonic() - started < bound_seconds, f"call {attempt}"
         assert violation_fields() == ["arguments_json['to']"]
     matching = json.dumps({"to": "a" * 30}).encode()
     assert agent.gate.AuthorizeEffect(authorize_request(run_id, "k-ok", arguments=matching)).outcome == common_pb2.ALLOW
@@ -164,7 +167,9 @@ def test_a_costly_argument_check_does_not_stall_other_calls(server, admin, agent
     print(f"costly checks took {busy:.2f} s; health checks: {len(latencies)}, slowest {max(latencies) * 1000:.1f} ms")
     assert answered == ["ARGUMENTS_CHECK_TOO_COSTLY"] * 4
     assert busy > 0.1, "the checks were not costly: the test measures nothing"
-    assert max(latencies) < 0.1, f"a health check waited {max(latencies) * 1000:.0f} ms"
+    # On the event loop each check held every call for 300-400 ms; 200 ms leaves room for a
+    # loaded machine (the test command runs two test processes at once).
+    assert max(latencies) < 0.2, f"a health check waited {max(latencies) * 1000:.0f} ms"
 
 
 # --- archives --------------------------------------------------------------------------------
