@@ -5,11 +5,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/ensure-postgres.sh
-# The console's browser tests (tests/console) drive the distribution's Chromium.
+# The console's browser tests (tests/console) drive the distribution's Chromium, found on PATH
+# as tests/console/conftest.py finds it; here a missing browser fails them instead of skipping them.
 if ! command -v chromium >/dev/null 2>&1; then
     echo "Chromium is not installed: installing it"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
         || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+fi
+export EFFECT_LEDGER_REQUIRE_BROWSER=1
+# The browser tests' screenshot of each console page, kept after the run (git-ignored).
+if [ -z "${EFFECT_LEDGER_SCREENSHOTS:-}" ]; then
+    export EFFECT_LEDGER_SCREENSHOTS="$PWD/.artifacts/screenshots"
+    rm -rf "$EFFECT_LEDGER_SCREENSHOTS"
 fi
 
 if [ ! -x .venv/bin/python ]; then

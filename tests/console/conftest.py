@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -18,7 +20,10 @@ import pytest
 
 from effect_ledger_client import Ledger
 
-CHROMIUM = os.environ.get("EFFECT_LEDGER_CHROMIUM", "/usr/bin/chromium")
+# Found as scripts/test.sh finds it (`command -v chromium`), Debian's path when it is not on PATH.
+CHROMIUM = os.environ.get("EFFECT_LEDGER_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+# Set by scripts/test.sh: a missing browser then fails the browser tests instead of skipping them.
+REQUIRE_BROWSER = os.environ.get("EFFECT_LEDGER_REQUIRE_BROWSER") == "1"
 AXE_SCRIPT = Path(__file__).resolve().parents[1] / "fixtures" / "axe-core" / "axe.min.js"
 START_TIMEOUT_SECONDS = 20.0
 
@@ -32,6 +37,8 @@ def backend() -> str:
 class ConsoleProcess:
     server_target: str
     extra_args: tuple[str, ...] = ()
+    # With --tls-cert: the CA (PEM file) the console's certificate is checked against, over HTTPS.
+    tls_ca: str | None = None
     process: subprocess.Popen | None = None
     port: int = 0
     log_path: Path | None = None
@@ -63,7 +70,7 @@ class ConsoleProcess:
             if port_file.exists() and port_file.read_text().strip():
                 self.port = int(port_file.read_text())
                 try:
-                    if httpx.get(f"{self.url}/sign-in", timeout=1.0).status_code == 200:
+                    if httpx.get(f"{self.url}/sign-in", timeout=1.0, verify=self.verify).status_code == 200:
                         return self
                 except httpx.HTTPError:
                     pass
@@ -73,7 +80,11 @@ class ConsoleProcess:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls_ca else 'http'}://127.0.0.1:{self.port}"
+
+    @property
+    def verify(self) -> ssl.SSLContext | bool:
+        return ssl.create_default_context(cafile=self.tls_ca) if self.tls_ca else True
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:] if self.log_path else ""
@@ -122,7 +133,10 @@ def sign_in_http(client: httpx.Client, token: str) -> httpx.Response:
 @pytest.fixture(scope="module")
 def browser():
     if not os.path.exists(CHROMIUM):
-        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+        missing = f"no Chromium at {CHROMIUM} (apt-get install chromium)"
+        if REQUIRE_BROWSER:
+            pytest.fail(f"{missing}, and EFFECT_LEDGER_REQUIRE_BROWSER=1", pytrace=False)
+        pytest.skip(missing)
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:

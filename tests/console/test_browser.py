@@ -3,7 +3,9 @@ with axe-core; approvals decided, effects reconciled, tenants kept apart."""
 
 from __future__ import annotations
 
+import json
 import re
+from datetime import UTC
 
 from client.conftest import IRREVERSIBLE_TOOL, register, register_irreversible
 
@@ -69,18 +71,48 @@ def test_a_reviewer_approves_a_request_and_the_agent_is_allowed(browsing, ledger
     allowed = agent.gate.AuthorizeEffect(wire)
     assert allowed.outcome == common_pb2.ALLOW
     assert allowed.approval_id == first.approval_request_id
+    # A checkpoint of the run and a fork of it, for the run's timeline.
+    revision = agent.runs.GetRun(runs_pb2.GetRunRequest(run_id=run_id)).revision
+    sealed = agent.checkpoints.SealCheckpoint(
+        checkpoints_pb2.SealCheckpointRequest(run_id=run_id, expected_revision=revision, state_json=b'{"step":2}')
+    )
+    agent.checkpoints.RegisterCheckpoint(checkpoints_pb2.RegisterCheckpointRequest(checkpoint_id=sealed.checkpoint_id))
+    fork = agent.checkpoints.ForkRun(
+        checkpoints_pb2.ForkRunRequest(
+            checkpoint_id=sealed.checkpoint_id, world=checkpoints_pb2.SIMULATED, difference="a smaller wire"
+        )
+    )
 
     reviewer.open(f"/approvals/{first.approval_request_id}")
     assert "CONSUMED" in page.locator("h1 + p").inner_text()
     reviewer.visit("approval")
 
     reviewer.open("/runs")
-    assert page.get_by_role("link", name=run_id).is_visible()
+    assert page.get_by_role("row", name=run_id).first.get_by_role("link", name=run_id).is_visible()
+    fork_row = page.get_by_role("row", name=fork.run_id)
+    assert fork_row.get_by_role("link", name=run_id).is_visible()  # forked from
     reviewer.visit("runs")
 
     reviewer.open(f"/runs/{run_id}")
     assert page.locator(".chain .badge").inner_text() == "verified"
     assert page.locator("table.trace tbody tr").count() >= 3
+    # The attempt with its lease, as the gate has it.
+    (attempt,) = agent.gate.GetEffect(gate_pb2.GetEffectRequest(effect_id=allowed.effect_id)).attempts
+    lease = attempt.lease_expires_at.ToDatetime(tzinfo=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    attempt_row = page.locator("article", has=page.locator(f"#effect-{allowed.effect_id}")).locator("tbody tr")
+    assert attempt_row.locator("td").nth(3).inner_text() == lease
+    # The decisions with their reason codes, as the gate recorded them (the ALLOW may have none).
+    decisions = page.locator("table", has=page.locator("caption", has_text="Every answer of the gate"))
+    recorded = {
+        decision_id: ledgers["auditor"].gate.GetDecision(gate_pb2.GetDecisionRequest(decision_id=decision_id)).reasons
+        for decision_id in (first.decision_id, allowed.decision_id)
+    }
+    assert recorded[first.decision_id], "the REQUIRE_APPROVAL has its reasons"
+    for decision_id, reasons in recorded.items():
+        row = decisions.locator("tr", has=page.get_by_role("link", name=decision_id, exact=True))
+        assert row.locator("td").nth(4).locator("code").all_inner_texts() == [r.code for r in reasons], decision_id
+    assert sealed.checkpoint_id in page.locator("main").inner_text()
+    assert page.locator(".forks").get_by_role("link", name=fork.run_id).is_visible()
     reviewer.visit("run")
 
     reviewer.open(f"/decisions/{first.decision_id}")
@@ -129,7 +161,7 @@ def test_separation_of_duties_refusals_are_shown(browsing, ledgers, tenant, serv
     browsing_admin.visit("approval-refused")
 
 
-def test_an_operator_reconciles_an_unknown_effect_and_it_leaves_the_list(browsing, ledgers, tenant):
+def test_an_operator_settles_an_unknown_effect_as_not_happened_and_it_leaves_the_list(browsing, ledgers, tenant):
     agent, admin = ledgers["agent"], ledgers["admin"]
     register(admin, "email.send")
     run_id = agent.runs.CreateRun(runs_pb2.CreateRunRequest()).run_id
@@ -150,7 +182,7 @@ def test_an_operator_reconciles_an_unknown_effect_and_it_leaves_the_list(browsin
     reviewer.visit("effects-refused")
 
     operator = browsing()
-    operator.sign_in(tenant.tokens["admin"])
+    operator.sign_in(tenant.add("operator", "operator"))
     operator.open("/effects")
     card = operator.page.locator(f'[data-effect-id="{allowed.effect_id}"]')
     operator.visit("effects")
@@ -162,7 +194,39 @@ def test_an_operator_reconciles_an_unknown_effect_and_it_leaves_the_list(browsin
     assert "it is now FAILED" in operator.page.locator(".flash-ok").inner_text()
     assert operator.page.locator(f'[data-effect-id="{allowed.effect_id}"]').count() == 0
     effect = agent.gate.GetEffect(gate_pb2.GetEffectRequest(effect_id=allowed.effect_id))
-    assert effect.stage == common_pb2.FAILED and effect.reconciled_by == "admin"
+    assert effect.stage == common_pb2.FAILED and effect.reconciled_by == "operator"
+
+
+def test_an_operator_settles_an_unknown_effect_with_a_receipt(browsing, ledgers, tenant):
+    agent, admin = ledgers["agent"], ledgers["admin"]
+    register(admin, "email.send")
+    run_id = agent.runs.CreateRun(runs_pb2.CreateRunRequest()).run_id
+    allowed = agent.gate.AuthorizeEffect(authorize_request(run_id, "reply-10"))
+    assert allowed.outcome == common_pb2.ALLOW
+    agent.gate.RecordOutcome(unknown(allowed.attempt_id))
+
+    operator = browsing()
+    operator.sign_in(tenant.add("operator", "operator"))
+    operator.open("/effects")
+    page = operator.page
+    card = page.locator(f'[data-effect-id="{allowed.effect_id}"]')
+    assert "UNKNOWN" in card.locator("h2").inner_text()
+    card.get_by_label("Provider reference", exact=True).fill("msg-20261201-0042")
+    card.get_by_label("Detail (JSON object, optional)").fill('{"status": "delivered"}')
+    card.get_by_role("button", name="Settle with the receipt").click()
+    page.wait_for_url("**/effects")
+    assert f"Reconciled {allowed.effect_id} (email.send); it is now SUCCEEDED" in page.locator(".flash-ok").inner_text()
+    assert page.locator(f'[data-effect-id="{allowed.effect_id}"]').count() == 0
+    operator.visit("effects-settled")
+
+    effect = agent.gate.GetEffect(gate_pb2.GetEffectRequest(effect_id=allowed.effect_id))
+    assert effect.stage == common_pb2.SUCCEEDED and effect.reconciled_by == "operator"
+    assert effect.receipt.provider_reference == "msg-20261201-0042"
+    assert json.loads(effect.receipt.detail_json) == {"status": "delivered"}
+    operator.open(f"/runs/{run_id}")
+    settled = page.locator("article", has=page.locator(f"#effect-{allowed.effect_id}"))
+    assert "SUCCEEDED" in settled.locator("h3").inner_text()
+    assert "msg-20261201-0042" in settled.locator("dl.facts").inner_text()
 
 
 def test_a_reviewer_of_another_tenant_sees_nothing(browsing, ledgers, server, database_url):

@@ -1,4 +1,5 @@
-"""The console's HTTP surface without a browser: CSRF, cookie flags, the CSP, a refused token."""
+"""The console's HTTP surface without a browser: CSRF, cookie flags (over HTTP, behind a proxy
+and under the console's own TLS), the CSP, a refused token."""
 
 from __future__ import annotations
 
@@ -106,5 +107,34 @@ def test_cookies_are_secure_when_the_console_is_behind_tls(server, tenant):
             cookie = client.get("/sign-in").headers["set-cookie"]
             assert cookie.startswith("__Host-effect_ledger_console=")
             assert all(flag in cookie.lower() for flag in ("secure", "httponly", "samesite=strict", "path=/"))
+    finally:
+        console.stop()
+
+
+def test_cookies_are_secure_when_the_console_serves_tls_itself(server, tenant, tmp_path):
+    from e2e.test_tls import make_pki
+
+    pki = make_pki(tmp_path)
+    console = ConsoleProcess(
+        server.target,
+        ("--tls-cert", pki.path("server.pem"), "--tls-key", pki.path("server-key.pem")),
+        tls_ca=pki.path("ca.pem"),
+    ).start()
+    try:
+        assert console.url.startswith("https://")
+        with httpx.Client(base_url=console.url, timeout=10.0, verify=console.verify) as client:
+            for response in (client.get("/sign-in"), sign_in_http(client, tenant.tokens["reviewer"])):
+                cookie = response.headers["set-cookie"]
+                name, _, attributes = cookie.partition(";")
+                assert name.startswith("__Host-effect_ledger_console="), cookie
+                flags = {flag.strip().lower() for flag in attributes.split(";")}
+                assert {"secure", "httponly", "samesite=strict", "path=/"} <= flags, cookie
+                assert not any(flag.startswith("domain") for flag in flags), cookie  # a __Host- cookie has none
+            assert response.status_code == 303 and response.headers["location"] == "/approvals"
+            # The Secure cookie comes back over HTTPS: the session is signed in.
+            assert client.get("/approvals").status_code == 200
+        # Plain HTTP to the same port is not served.
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(console.url.replace("https://", "http://") + "/sign-in", timeout=5.0)
     finally:
         console.stop()

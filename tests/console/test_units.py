@@ -1,11 +1,14 @@
-"""The console's pure parts: the hash chain checked as the server computes it, and the session
-table's bounds and expiry."""
+"""The console's pure parts: the hash chain checked as the server computes it, the session
+table's bounds and expiry, and the screenshots docs/console.md shows."""
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 from dataclasses import replace
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
@@ -139,3 +142,34 @@ def test_signing_in_gives_a_new_id_and_csrf_token():
     assert table.get(anonymous.session_id) is None
     assert signed.csrf_matches(signed.csrf_token) and not signed.csrf_matches(anonymous.csrf_token)
     assert table.get("x" * 500) is None
+
+
+# --- the screenshots of docs/console.md ------------------------------------------------------
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+def _screenshots_taken() -> set[str]:
+    """The names test_browser.py screenshots: ``<browsing>.visit("name")`` and ``.screenshot("name")``."""
+    tree = ast.parse((Path(__file__).parent / "test_browser.py").read_text())
+    return {
+        node.args[0].value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in ("visit", "screenshot")
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    }
+
+
+def test_the_docs_show_each_screenshot_the_browser_tests_take():
+    taken = _screenshots_taken()
+    shown = set(re.findall(r"\]\(console/([\w.-]+)\.png\)", (REPOSITORY / "docs" / "console.md").read_text()))
+    stored = {path.stem for path in (REPOSITORY / "docs" / "console").glob("*.png")}
+    assert len(taken) >= 10, taken
+    assert taken == shown, f"taken, not in docs/console.md: {taken - shown}; shown, not taken: {shown - taken}"
+    assert shown == stored, (
+        f"shown, not in docs/console/: {shown - stored}; in docs/console/, not shown: {stored - shown}"
+    )

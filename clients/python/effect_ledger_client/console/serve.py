@@ -3,6 +3,9 @@
     effect-ledger-console --listen 127.0.0.1:8080 --server 127.0.0.1:50051 \\
         [--root-certificates ca.pem] [--client-certificate c.pem --client-key c-key.pem] \\
         [--tls-cert console.pem --tls-key console-key.pem] [--secure-cookies] [--insecure]
+
+It needs the ``console`` extra (starlette, jinja2, uvicorn, ...); without it the command says
+what to install, in one line, and exits with ``EXIT_MISSING_EXTRA``, as ``effect-ledger-ctl`` does.
 """
 
 from __future__ import annotations
@@ -14,11 +17,11 @@ import socket
 import sys
 from pathlib import Path
 
-import uvicorn
-
-from effect_ledger_client.console.app import create_app
+# sessions needs only the standard library: without the extra this module still imports, and says
+# what is missing (main).
 from effect_ledger_client.console.sessions import SessionLimits
-from effect_ledger_client.console.web import ConsoleSettings
+
+EXIT_MISSING_EXTRA = 1
 
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -89,6 +92,19 @@ def _bound_socket(listen: str) -> socket.socket:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Runs the console with ``argv`` (default: the process's) until stopped; returns the exit code."""
+    try:
+        # The extra's packages, imported here rather than at the top of the module.
+        import uvicorn
+
+        from effect_ledger_client.console.app import create_app
+        from effect_ledger_client.console.web import ConsoleSettings
+    except ImportError as error:
+        sys.stderr.write(
+            f"error: effect-ledger-console needs the console extra ({error.name} is missing): "
+            "pip install 'effect-ledger-client[console]'\n"
+        )
+        return EXIT_MISSING_EXTRA
     arguments = parse_arguments(argv)
     settings = ConsoleSettings(
         server=arguments.server,
