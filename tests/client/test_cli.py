@@ -9,8 +9,10 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +35,7 @@ from effect_ledger_client.proto import (
     runs_pb2,
     tools_pb2,
 )
-from support import authorize_request, new_tenant, succeeded, unknown
+from support import ServerProcess, authorize_request, contract, new_run, new_tenant, reload_policy, succeeded, unknown
 
 from .conftest import IRREVERSIBLE_TOOL, register, register_irreversible
 
@@ -486,6 +488,63 @@ def test_decisions_list_show_and_replay(cli, ledger, admin_ledger, run_id):
     assert cli.call(
         "auditor", "decisions", "list", "--reason", "TOOL_RETIRED", "--tool", "email.send", "-o", "ids"
     ).lines() == [denied.decision_id]
+
+
+# A rule added to the shipped gate policy: the replay of an earlier ALLOW now answers DENY.
+NO_EMAIL_TO_BOB = """package effectledger.gate
+
+import rego.v1
+
+deny contains reason("BOB_IS_BLOCKED", "mail to bob is blocked by this deployment") if {
+	input.request.target == "mailto:bob@example.com"
+}
+"""
+
+
+@pytest.fixture
+def changing_policy_server(pg_url):
+    """A server of its own on a copy of the policy folder, which the test changes (SIGHUP)."""
+    folder = Path(tempfile.mkdtemp(prefix="el-policy-")) / "policy"
+    shutil.copytree(REPO / "policy", folder)
+    server = ServerProcess(pg_url, ["--policy-dir", str(folder)]).start()
+    try:
+        yield server, folder
+    finally:
+        server.stop()
+        shutil.rmtree(folder.parent, ignore_errors=True)
+
+
+@pytest.mark.postgres
+def test_decisions_replay_after_a_policy_change_shows_both_answers(changing_policy_server, pg_url, monkeypatch, capsys):
+    server, folder = changing_policy_server
+    tenant = new_tenant(pg_url)
+    cli = Cli(server, tenant, monkeypatch, capsys)
+    tenant.client(server, "admin").tools.PutToolContract(contract("email.send"))
+    agent = tenant.client(server, "agent")
+    allowed = agent.gate.AuthorizeEffect(authorize_request(new_run(agent), "k-before-change"))
+    assert common_pb2.Outcome.Name(allowed.outcome) == "ALLOW"
+
+    (folder / "effectledger" / "gate" / "bob.rego").write_text(NO_EMAIL_TO_BOB)
+    reload_policy(server)
+
+    side_by_side = cli.process("auditor", "decisions", "replay", allowed.decision_id)
+    assert side_by_side.lines()[1].split() == ["RECORDED", "NOW", "CHANGED"]
+    # One row per field: its name, the recorded answer, the answer now, and whether it changed.
+    rows = [line.split() for line in side_by_side.lines()[2:6]]
+    assert [row[0] for row in rows] == ["outcome", "reasons", "policy", "engine"], side_by_side.stdout
+    assert rows[0] == ["outcome", "ALLOW", "DENY", "yes"]
+    assert rows[1][-1] == "yes" and "BOB_IS_BLOCKED" in rows[1][2:-1] and "BOB_IS_BLOCKED" not in rows[1][1]
+    assert rows[2][:3] == ["policy", "revision", allowed.policy_revision] and rows[2][-1] == "yes"
+    assert rows[2][3] != allowed.policy_revision
+    added = next(line.split() for line in side_by_side.lines() if line.startswith("reasons added"))
+    assert added[2:] == ["BOB_IS_BLOCKED"]
+
+    replay = cli.call("auditor", "decisions", "replay", allowed.decision_id, "-o", "json").json()
+    assert (replay["outcome"], replay["outcome_changed"], replay["policy_changed"]) == ("DENY", True, True)
+    assert replay["recorded"]["outcome"] == "ALLOW"
+    assert replay["recorded"]["policy_revision"] == allowed.policy_revision != replay["policy_revision"]
+    assert "BOB_IS_BLOCKED" in replay["reasons_added"]
+    assert "BOB_IS_BLOCKED" in {reason["code"] for reason in replay["reasons"]}
 
 
 # --- principals ---------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,16 @@ def test_the_runbook_documents_the_environment_it_uses():
     for step in ("effects list --stage UNKNOWN", "effects show", "runs trace", "decisions show", "effects reconcile"):
         assert step in text, step
     assert {"EFFECT_LEDGER_SERVER", "EFFECT_LEDGER_TOKEN_FILE", "EFFECT_LEDGER_TOKEN"} <= documented_variables(RUNBOOK)
+
+
+def test_the_runbook_installs_the_command_from_the_repository():
+    # No package index carries the client: the install names its folder in the repository, whose
+    # distribution has the ``cli`` extra and the ``effect-ledger-ctl`` script.
+    installs = re.findall(r"`(pip install [^`]+)`", RUNBOOK.read_text())
+    assert installs == ["pip install './clients/python[cli]'"], installs
+    project = tomllib.loads((REPO / "clients" / "python" / "pyproject.toml").read_text())["project"]
+    assert "cli" in project["optional-dependencies"]
+    assert project["scripts"]["effect-ledger-ctl"] == "effect_ledger_client.cli:main"
 
 
 @postgres_only

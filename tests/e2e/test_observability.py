@@ -5,11 +5,14 @@
   caller sent or one the server made, which the trailing metadata carries back; every line of
   the log is JSON, the standard library's too.
 - /metrics over real HTTP after a scripted run: exact counts of RPCs, decisions and policy
-  evaluations, the pool's size and the sampled open effects; with ``--workers 2``, the
+  evaluations, the pool's size, the sampled open and UNKNOWN effects and the pending approval
+  request with its age; the policy errors when OPA is down; with ``--workers 2``, the
   supervisor's endpoint adds up both workers.
 - Traces: an in-process server with an in-memory exporter; AuthorizeEffect's server span with
-  the policy evaluation and the database transaction under it.
-- OPA unreachable: the server logs the cause with the call's request id; the client is not told.
+  the policy evaluation and the database transaction under it. The same from ``serve
+  --otel-exporter console``, read from the server's standard output.
+- OPA unreachable: the server logs the cause with the call's request id and counts the engine's
+  error; the client is not told.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from effect_ledger.transport.server import start_server
 from effectledger.v1 import (
     checkpoints_pb2,
     checkpoints_pb2_grpc,
+    common_pb2,
     gate_pb2_grpc,
     runs_pb2,
     runs_pb2_grpc,
@@ -52,6 +56,7 @@ from support import (
     drop_pg_database,
     migrate,
     new_tenant,
+    unknown,
 )
 
 pytestmark = pytest.mark.postgres
@@ -59,6 +64,8 @@ pytestmark = pytest.mark.postgres
 AUTHORIZE = "effectledger.v1.Gate/AuthorizeEffect"
 PUT_CONTRACT = "effectledger.v1.ToolRegistry/PutToolContract"
 CREATE_RUN = "effectledger.v1.Runs/CreateRun"
+RECORD_OUTCOME = "effectledger.v1.Gate/RecordOutcome"
+IRREVERSIBLE_TOOL = "payment.wire"
 METRICS_URL = re.compile(r"serving metrics on (http://[^ \"]+/metrics)")
 WAIT_SECONDS = 10.0
 
@@ -145,13 +152,20 @@ def test_one_access_line_per_call_with_its_request_id(pg_url):
         tenant = new_tenant(pg_url)
         admin, agent = tenant.tokens["admin"], tenant.tokens["agent"]
         prefix = uuid.uuid4().hex[:8]
-        sent = {name: f"{prefix}-{name}" for name in ("contract", "run", "authorize", "login", "denied", "export")}
+        names = ("contract", "run", "authorize", "deny", "login", "denied", "export")
+        sent = {name: f"{prefix}-{name}" for name in names}
         answers = {}
         answers["contract"] = caller.unary(caller.tools.PutToolContract, contract(), admin, sent["contract"])
         answers["run"] = caller.unary(caller.runs.CreateRun, runs_pb2.CreateRunRequest(), agent, sent["run"])
         run_id = answers["run"][0].run_id
         answers["authorize"] = caller.unary(
             caller.gate.AuthorizeEffect, authorize_request(run_id, f"k-{prefix}"), agent, sent["authorize"]
+        )
+        answers["deny"] = caller.unary(
+            caller.gate.AuthorizeEffect,
+            authorize_request(run_id, f"k3-{prefix}", tool="no.such"),
+            agent,
+            sent["deny"],
         )
         answers["login"] = caller.unary(
             caller.gate.AuthorizeEffect, authorize_request(run_id, f"k2-{prefix}"), "not-a-token", sent["login"]
@@ -176,6 +190,7 @@ def test_one_access_line_per_call_with_its_request_id(pg_url):
             "contract": "OK",
             "run": "OK",
             "authorize": "OK",
+            "deny": "OK",
             "login": "UNAUTHENTICATED",
             "denied": "PERMISSION_DENIED",
             "unnamed": "OK",
@@ -200,6 +215,7 @@ def test_one_access_line_per_call_with_its_request_id(pg_url):
             "contract": (PUT_CONTRACT, "OK", None, tenant_name, "admin"),
             "run": (CREATE_RUN, "OK", None, tenant_name, "agent"),
             "authorize": (AUTHORIZE, "OK", None, tenant_name, "agent"),
+            "deny": (AUTHORIZE, "OK", None, tenant_name, "agent"),
             "login": (AUTHORIZE, "UNAUTHENTICATED", "TOKEN_UNKNOWN", "", ""),
             "denied": (PUT_CONTRACT, "PERMISSION_DENIED", "ROLE_REQUIRED", tenant_name, "agent"),
             "unnamed": (CREATE_RUN, "OK", None, tenant_name, "agent"),
@@ -219,6 +235,14 @@ def test_one_access_line_per_call_with_its_request_id(pg_url):
             assert line["level"] == "info" and isinstance(line["duration_ms"], float)
         authorized = by_id[sent["authorize"]]
         assert (authorized["decision_id"], authorized["outcome"]) == (decision.decision_id, "ALLOW")
+        assert authorized.get("reasons", []) == [r.code for r in decision.reasons]
+        # A refusal's line names the decision's reason codes; ``reason`` stays the error's.
+        refusal = answers["deny"][0]
+        denial = by_id[sent["deny"]]
+        assert common_pb2.Outcome.Name(refusal.outcome) == "DENY" and refusal.reasons
+        assert (denial["decision_id"], denial["outcome"]) == (refusal.decision_id, "DENY")
+        assert denial["reasons"] == [r.code for r in refusal.reasons]
+        assert "reason" not in denial
         assert "decision_id" not in by_id[sent["login"]]
         # The standard library's lines (start-up) are rendered by the same JSON renderer.
         assert any(line.get("logger") == "effect_ledger.transport.server" for line in log_lines(server))
@@ -230,7 +254,17 @@ def test_one_access_line_per_call_with_its_request_id(pg_url):
 def test_a_policy_failure_logs_its_cause_and_tells_the_client_none_of_it(pg_url):
     with OpaStandIn(default_policy_dir()) as standin:
         server = ServerProcess(
-            pg_url, ["--log-format", "json", "--opa-url", standin.url, "--opa-timeout-seconds", "0.5"]
+            pg_url,
+            [
+                "--log-format",
+                "json",
+                "--opa-url",
+                standin.url,
+                "--opa-timeout-seconds",
+                "0.5",
+                "--metrics-listen",
+                "127.0.0.1:0",
+            ],
         ).start()
         caller = Caller(server.target)
         try:
@@ -269,6 +303,12 @@ def test_a_policy_failure_logs_its_cause_and_tells_the_client_none_of_it(pg_url)
                 lambda: [a for a in access_lines(server) if a["request_id"] == request_id], "the access line"
             )
             assert [(a["code"], a["reason"]) for a in access] == [("UNAVAILABLE", "POLICY_UNAVAILABLE")]
+            # Counted once, as the engine's failure (the contract and the run needed no policy).
+            samples = scrape(metrics_url(server))
+            errors = "effect_ledger_policy_evaluation_errors_total"
+            failed = {labels: value for (name, labels), value in samples.items() if name == errors}
+            assert failed == {(("engine", "opa-remote"), ("reason", "POLICY_UNAVAILABLE")): 1.0}, failed
+            assert sample(samples, "effect_ledger_rpcs_total", method=AUTHORIZE, code="UNAVAILABLE") == 1
         finally:
             caller.close()
             server.stop()
@@ -291,11 +331,22 @@ def test_metrics_count_a_scripted_run():
         tenant = new_tenant(database)
         admin, agent = tenant.tokens["admin"], tenant.tokens["agent"]
         assert caller.unary(caller.tools.PutToolContract, contract(), admin)[2] == "OK"
+        irreversible = contract(
+            IRREVERSIBLE_TOOL, effect_class=common_pb2.IRREVERSIBLE, provider_idempotency=False, max_attempts=1
+        )
+        assert caller.unary(caller.tools.PutToolContract, irreversible, admin)[2] == "OK"
         run_id = caller.unary(caller.runs.CreateRun, runs_pb2.CreateRunRequest(), agent)[0].run_id
-        outcomes = [
-            caller.unary(caller.gate.AuthorizeEffect, authorize_request(run_id, f"k{n}"), agent)[0].outcome
-            for n in range(3)
+        allowed = [
+            caller.unary(caller.gate.AuthorizeEffect, authorize_request(run_id, f"k{n}"), agent)[0] for n in range(3)
         ]
+        outcomes = [answer.outcome for answer in allowed]
+        # One of them ends UNKNOWN (still open); an IRREVERSIBLE tool's call waits for an approval.
+        assert caller.unary(caller.gate.RecordOutcome, unknown(allowed[0].attempt_id), agent)[2] == "OK"
+        waiting = caller.unary(
+            caller.gate.AuthorizeEffect, authorize_request(run_id, "k-wire", tool=IRREVERSIBLE_TOOL), agent
+        )[0]
+        assert common_pb2.Outcome.Name(waiting.outcome) == "REQUIRE_APPROVAL" and waiting.approval_request_id
+        approval_reason = waiting.reasons[0].code
         denied = caller.unary(caller.gate.AuthorizeEffect, authorize_request(run_id, "k-deny", tool="no.such"), agent)[
             0
         ]
@@ -317,27 +368,37 @@ def test_metrics_count_a_scripted_run():
             lambda: (
                 (found := scrape(url))
                 and sample(found, "effect_ledger_effects_open", tenant=tenant.name) == 3
+                and sample(found, "effect_ledger_effects_unknown", tenant=tenant.name) == 1
+                and sample(found, "effect_ledger_approval_requests_pending", tenant=tenant.name) == 1
                 and sample(found, "effect_ledger_scheduled_intents_moved_total", state="DUE") == 1
                 and found
             ),
-            "the sampled open effects and the fired schedule",
+            "the sampled open and UNKNOWN effects, the pending approval request and the fired schedule",
         )
         rpcs = "effect_ledger_rpcs_total"
-        assert sample(samples, rpcs, method=AUTHORIZE, code="OK") == 4
-        assert sample(samples, rpcs, method=PUT_CONTRACT, code="OK") == 1
+        assert sample(samples, rpcs, method=AUTHORIZE, code="OK") == 5
+        assert sample(samples, rpcs, method=RECORD_OUTCOME, code="OK") == 1
+        assert sample(samples, rpcs, method=PUT_CONTRACT, code="OK") == 2
         assert sample(samples, rpcs, method=PUT_CONTRACT, code="PERMISSION_DENIED") == 1
         assert sample(samples, rpcs, method=CREATE_RUN, code="OK") == 1
-        assert sample(samples, "effect_ledger_rpc_duration_seconds_count", method=AUTHORIZE) == 4
+        assert sample(samples, "effect_ledger_rpc_duration_seconds_count", method=AUTHORIZE) == 5
         assert sample(samples, "effect_ledger_decisions_total", outcome="ALLOW", reason="") == 3
         assert sample(samples, "effect_ledger_decisions_total", outcome="DENY", reason=deny_reason) == 1
+        decisions = "effect_ledger_decisions_total"
+        assert sample(samples, decisions, outcome="REQUIRE_APPROVAL", reason=approval_reason) == 1
         evaluations = sample(
             samples,
             "effect_ledger_policy_evaluation_duration_seconds_count",
             engine="embedded-regorus",
             package="effectledger/gate",
         )
-        assert 3 <= evaluations <= 4  # the ALLOWs; the unknown tool may be refused before policy
-        assert sample(samples, "effect_ledger_effects_unknown", tenant=tenant.name) == 0
+        # The ALLOWs, and the approval's once or twice (PostgreSQL's fast path evaluates, then hands
+        # the filing of the request to the general path); the unknown tool may be refused first.
+        assert 4 <= evaluations <= 6
+        # The sampler reads the age from the database clock, after the request was made.
+        age = sample(samples, "effect_ledger_approval_requests_oldest_pending_age_seconds", tenant=tenant.name)
+        assert 0 <= age < 300, age
+        assert ("effect_ledger_approval_requests_oldest_pending_age_seconds", (("tenant", tenant.name),)) in samples
         assert sample(samples, "effect_ledger_database_pool_size_connections") == 10
         assert sample(samples, "effect_ledger_database_pool_checked_out_connections") <= 10
     finally:
@@ -428,3 +489,75 @@ async def test_authorize_effect_is_traced_with_policy_and_transaction_spans(pg_u
     assert {"policy.evaluate", "db.transaction"} <= names, names
     (evaluation,) = [s for s in spans if s.name == "policy.evaluate"]
     assert evaluation.attributes["effect_ledger.policy.outcome"] == "ALLOW"
+
+
+def json_objects(text: str) -> list:
+    """The JSON values in ``text``, one after another (the console exporter's spans span several
+    lines; log lines are one each); a line that starts none is skipped."""
+    decoder = json.JSONDecoder()
+    found, position = [], 0
+    while position < len(text):
+        if text[position].isspace():
+            position += 1
+            continue
+        try:
+            value, position = decoder.raw_decode(text, position)
+        except ValueError:
+            line_end = text.find("\n", position)
+            position = len(text) if line_end < 0 else line_end + 1
+        else:
+            found.append(value)
+    return found
+
+
+def test_the_console_exporter_writes_the_authorize_effect_span_with_its_children(pg_url):
+    # Spans are exported in batches: every 50 ms here; unbuffered, each span is one write.
+    server = ServerProcess(
+        pg_url,
+        ["--otel-exporter", "console", "--log-format", "json"],
+        env={"OTEL_BSP_SCHEDULE_DELAY": "50", "PYTHONUNBUFFERED": "1"},
+    ).start()
+    caller = Caller(server.target)
+    try:
+        tenant = new_tenant(pg_url)
+        agent = tenant.tokens["agent"]
+        assert caller.unary(caller.tools.PutToolContract, contract(), tenant.tokens["admin"])[2] == "OK"
+        run_id = caller.unary(caller.runs.CreateRun, runs_pb2.CreateRunRequest(), agent)[0].run_id
+        request_id = f"console-{uuid.uuid4().hex[:8]}"
+        answer = caller.unary(caller.gate.AuthorizeEffect, authorize_request(run_id, "k-console"), agent, request_id)
+        assert answer[2] == "OK" and answer[0].outcome == 1  # ALLOW
+
+        def exported():
+            values = [v for v in json_objects(server.log_path.read_text(errors="replace")) if isinstance(v, dict)]
+            spans = [v for v in values if "context" in v and "name" in v]
+            mine = [
+                s
+                for s in spans
+                if s["name"] == f"/{AUTHORIZE}" and s["attributes"].get("effect_ledger.request_id") == request_id
+            ]
+            return mine and (mine, spans, values)
+
+        (server_span,), spans, values = wait_for(exported, "the AuthorizeEffect span on standard output")
+    finally:
+        caller.close()
+        server.stop()
+    assert server_span["kind"] == "SpanKind.SERVER" and server_span["parent_id"] is None
+    assert server_span["attributes"]["rpc.method"] == "AuthorizeEffect"
+    assert server_span["resource"]["attributes"]["service.name"] == "effect-ledger"
+    trace_id = server_span["context"]["trace_id"]
+    by_id = {s["context"]["span_id"]: s for s in spans if s["context"]["trace_id"] == trace_id}
+
+    def descends_from_server_span(span) -> bool:
+        while span["parent_id"] is not None:
+            if span["parent_id"] == server_span["context"]["span_id"]:
+                return True
+            span = by_id.get(span["parent_id"])
+            if span is None:
+                return False
+        return False
+
+    names = {s["name"] for s in by_id.values() if descends_from_server_span(s)}
+    assert {"policy.evaluate", "db.transaction"} <= names, names
+    # The access line names the same trace.
+    (access,) = [v for v in values if v.get("logger") == "effect_ledger.access" and v.get("request_id") == request_id]
+    assert "0x" + access["trace_id"] == trace_id

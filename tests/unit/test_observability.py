@@ -1,16 +1,37 @@
-"""Request ids, failure causes and the log renderers (observability/), without a server."""
+"""Request ids, failure causes, the log renderers and tracing's default (observability/),
+without a server."""
 
 from __future__ import annotations
 
 import io
 import json
 import logging
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
 from effect_ledger.errors import PolicyUnavailable
 from effect_ledger.observability import calls, logs
+
+# Run in a fresh interpreter: what ``serve`` gets for tracing with no flag and no variable.
+TRACING_BY_DEFAULT = """
+import json, sys
+from effect_ledger.cli import build_parser
+from effect_ledger.observability import tracing
+
+exporter = build_parser().parse_args(["serve"]).otel_exporter
+tracing.configure(exporter)
+print(json.dumps({
+    "exporter": exporter,
+    "enabled": tracing.enabled(),
+    "interceptor": repr(tracing.server_interceptor()),
+    "shared_no_op_span": tracing.span("a") is tracing.span("b"),
+    "opentelemetry_modules": sorted(m for m in sys.modules if m.startswith("opentelemetry")),
+}))
+"""
 
 
 @pytest.mark.parametrize(
@@ -103,3 +124,25 @@ def test_an_unknown_format_or_level_is_refused():
         logs.check_settings("xml", "INFO")
     with pytest.raises(logs.BadLogSetting):
         logs.check_settings("json", "LOUD")
+
+
+def test_a_list_in_a_text_line_is_its_items_joined_by_commas(captured):
+    logs.configure("text", "INFO", stream=captured)
+    logs.get_logger("effect_ledger.access").info("rpc", outcome="DENY", reasons=["TOOL_RETIRED", "BUDGET_EXHAUSTED"])
+    (line,) = captured.getvalue().splitlines()
+    assert line.endswith(" effect_ledger.access rpc outcome=DENY reasons=TOOL_RETIRED,BUDGET_EXHAUSTED"), line
+
+
+def test_tracing_is_off_unless_an_exporter_is_configured():
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("EFFECT_LEDGER_", "OTEL_"))}
+    done = subprocess.run(
+        [sys.executable, "-c", TRACING_BY_DEFAULT], env=environment, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {
+        "exporter": "none",
+        "enabled": False,
+        "interceptor": "None",  # the gRPC server gets the guard alone
+        "shared_no_op_span": True,
+        "opentelemetry_modules": [],  # not even imported
+    }

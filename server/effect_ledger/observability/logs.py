@@ -6,7 +6,8 @@ Every line goes through one handler on the root logger whose formatter is struct
 mode every line is one JSON object.
 
 - text: ``<time> <LEVEL> [worker N pid P] <logger> <message> key=value ...`` (the worker label
-  only in a worker process; key=value pairs only for structured fields);
+  only in a worker process; key=value pairs only for structured fields, a list as
+  ``key=A,B``);
 - json: ``{"timestamp", "level", "logger", "event", ...fields}``, with ``worker`` and ``pid`` in
   a worker process and ``exception`` (the formatted traceback) when one is logged.
 
@@ -45,7 +46,11 @@ def _add_request_id(logger: Any, method_name: str, event_dict: dict[str, Any]) -
 
 
 def _text_value(value: Any) -> str:
-    text = value if isinstance(value, str) else str(value)
+    """A value as it stands in a text line; a list or tuple as its items joined by commas."""
+    if isinstance(value, list | tuple):
+        text = ",".join(str(item) for item in value)
+    else:
+        text = value if isinstance(value, str) else str(value)
     if text and all(character in _PLAIN for character in text):
         return text
     return json.dumps(text)

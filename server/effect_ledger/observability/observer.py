@@ -2,8 +2,8 @@
 
 The access line (logger ``effect_ledger.access``, INFO) has the method, the request id, the
 caller's tenant and principal (when its token checked out), the status code name, the error's
-reason, the duration in milliseconds, and for a call that produced a decision its id and
-outcome. With logging above INFO and metrics off, a call costs one level check here.
+reason, the duration in milliseconds, and for a call that produced a decision its id, outcome
+and reason codes. With logging above INFO and metrics off, a call costs one level check here.
 """
 
 from __future__ import annotations
@@ -20,16 +20,16 @@ from effectledger.v1 import common_pb2
 DECISION_METHODS = frozenset({"effectledger.v1.Gate/AuthorizeEffect"})
 
 
-def decision_of(state: CallState) -> tuple[str, str, str] | None:
-    """(decision id, outcome, first reason code) of a call that produced a decision."""
+def decision_of(state: CallState) -> tuple[str, str, list[str]] | None:
+    """(decision id, outcome, reason codes in the answer's order) of a call that produced a
+    decision."""
     response = state.response
     if response is None or state.method not in DECISION_METHODS or not response.decision_id:
         return None
-    reasons = response.reasons
     return (
         response.decision_id,
         common_pb2.Outcome.Name(response.outcome),
-        reasons[0].code if reasons else "",
+        [reason.code for reason in response.reasons],
     )
 
 
@@ -47,7 +47,8 @@ class Observer:
         if self.metrics is not None:
             self.metrics.observe_call(state.method, state.code, seconds)
             if decision is not None:
-                self.metrics.observe_decision(decision[1], decision[2])
+                codes = decision[2]
+                self.metrics.observe_decision(decision[1], codes[0] if codes else "")
         if logging_access:
             fields: dict[str, Any] = {
                 "method": state.method,
@@ -61,6 +62,9 @@ class Observer:
                 fields["reason"] = state.reason
             if decision is not None:
                 fields["decision_id"], fields["outcome"] = decision[0], decision[1]
+                if decision[2]:
+                    # The decision's reason codes; ``reason`` stays the error's, as on every call.
+                    fields["reasons"] = decision[2]
             if state.trace_id:
                 fields["trace_id"] = state.trace_id
             self._access.info("rpc", **fields)
