@@ -15,14 +15,27 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from support import (
+    FUZZ_SEED_ENV,
     ServerProcess,
     create_pg_database,
     drop_pg_database,
+    fuzz_seed,
     migrate,
     new_tenant,
 )
 
 BACKENDS = ["sqlite", "postgres"]
+
+
+def pytest_configure(config):
+    """Chooses the fuzzer's seed once, before pytest-xdist starts its workers (they inherit it)."""
+    fuzz_seed()
+
+
+def pytest_report_header(config):
+    """The fuzzer's seed, shown even when output is captured (as it is under pytest-xdist)."""
+    seed = fuzz_seed()
+    return f"fuzz seed {seed} (tests/e2e/test_fuzz.py): {FUZZ_SEED_ENV}={seed} replays it"
 
 
 @pytest.fixture(scope="session")

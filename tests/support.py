@@ -324,3 +324,35 @@ def rss_kib(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     raise AssertionError("no VmRSS")
+
+
+# --- the fuzzer's seed (tests/e2e/test_fuzz.py), also printed in the report header -----------
+
+FUZZ_SEED_ENV = "EFFECT_LEDGER_FUZZ_SEED"
+
+
+def fuzz_seed() -> int:
+    """``EFFECT_LEDGER_FUZZ_SEED`` when set; otherwise the checked-out commit's (each commit
+    explores requests of its own, and a run on the same commit, CI's say, replays the same
+    ones), or outside a git checkout a random one. The seed chosen is set in the environment,
+    so the report header, this process and pytest-xdist's workers (started later, with this
+    environment) all use the same one."""
+    value = os.environ.get(FUZZ_SEED_ENV, "").strip()
+    if value:
+        return int(value)
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+            cwd=REPO,
+        ).stdout.strip()
+        chosen = int(head[:8], 16)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        import random  # only outside a git checkout
+
+        chosen = random.SystemRandom().randrange(2**32)
+    os.environ[FUZZ_SEED_ENV] = str(chosen)
+    return chosen

@@ -4,6 +4,7 @@ backend: calls without a valid token learn nothing and cost nothing, streams are
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -12,6 +13,8 @@ import pytest
 
 from effect_ledger.client import error_from_rpc
 from effect_ledger.config import Limits
+from effect_ledger.domain.checkpoints import ARCHIVE_SIZE_MAX_BYTES
+from effect_ledger.reasons import ERROR_REASONS
 from effectledger.v1 import (
     approvals_pb2,
     approvals_pb2_grpc,
@@ -19,6 +22,7 @@ from effectledger.v1 import (
     checkpoints_pb2_grpc,
     common_pb2,
     runs_pb2,
+    schedules_pb2,
 )
 from support import contract, new_run, rss_kib
 
@@ -83,6 +87,94 @@ def test_imports_without_a_valid_token_are_refused_before_they_are_read(server, 
     assert grown_mib < 64, f"the server grew by {grown_mib:.0f} MiB"
     # The server still serves a caller with a token.
     assert agent.runs.CreateRun(runs_pb2.CreateRunRequest()).run_id
+
+
+def test_an_authenticated_import_is_cut_off_at_the_archive_cap(server, agent, tenant):
+    """An agent with a valid token streams 48 MiB into ImportCheckpoint: the server stops
+    reading at the cap (32 MiB) and answers INVALID_ARGUMENT on the field ``archive``, before
+    the client has sent everything, and nothing is written."""
+    total_chunks = 48
+    pulled = 0
+
+    def chunks():
+        nonlocal pulled
+        for _ in range(total_chunks):
+            pulled += 1  # the client library pulls a chunk when it can send it
+            yield checkpoints_pb2.ArchiveChunk(data=b"\0" * MIB)
+
+    runs_before = agent.runs.ListRuns(runs_pb2.ListRunsRequest()).runs
+    with grpc.insecure_channel(server.target) as channel, pytest.raises(grpc.RpcError) as error:
+        checkpoints_pb2_grpc.CheckpointsStub(channel).ImportCheckpoint(
+            chunks(), metadata=bearer(tenant.tokens["agent"]), timeout=60
+        )
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT, error.value.details()
+    refusal = error_from_rpc(error.value)
+    assert refusal.reason == "ARCHIVE_INVALID"
+    assert [(v.field, v.description) for v in refusal.violations] == [
+        ("archive", f"is larger than {ARCHIVE_SIZE_MAX_BYTES} bytes")
+    ]
+    assert ARCHIVE_SIZE_MAX_BYTES // MIB < pulled < total_chunks, f"the client sent {pulled} of {total_chunks} MiB"
+    assert agent.runs.ListRuns(runs_pb2.ListRunsRequest()).runs == runs_before
+
+
+# What an exception's text looks like when it leaks into a status.
+LEAK = re.compile(r"Traceback|File \"|\w+(Error|Exception)\b|psycopg|sqlalchemy|asyncio", re.IGNORECASE)
+
+
+@pytest.mark.parametrize(
+    ("service", "method", "role", "request_message", "code", "reason", "field"),
+    [
+        (
+            "Checkpoints",
+            "ExportCheckpoint",
+            "agent",
+            checkpoints_pb2.ExportCheckpointRequest(checkpoint_id="ckpt_missing"),
+            grpc.StatusCode.NOT_FOUND,
+            "CHECKPOINT_NOT_FOUND",
+            None,
+        ),
+        (
+            "Approvals",
+            "WatchApprovals",
+            "auditor",
+            approvals_pb2.WatchApprovalsRequest(after_sequence=-1),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_ARGUMENT",
+            "after_sequence",
+        ),
+        (
+            "Schedules",
+            "WatchDueIntents",
+            "agent",
+            schedules_pb2.WatchDueIntentsRequest(run_id="run\x00\n\x1b[31m"),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "INVALID_ID",
+            "run_id",
+        ),
+    ],
+    ids=["export unknown checkpoint", "watch approvals bad cursor", "watch due intents bad run id"],
+)
+def test_a_failing_stream_answers_its_reason_and_no_exception_text(
+    server, tenant, service, method, role, request_message, code, reason, field
+):
+    """A server-streaming RPC that fails answers the error table's status and reason (a
+    catalogued one, with the field it names), and nothing of an exception in its message."""
+    with grpc.insecure_channel(server.target) as channel:
+        call = channel.unary_stream(
+            f"/effectledger.v1.{service}/{method}",
+            request_serializer=type(request_message).SerializeToString,
+            response_deserializer=bytes,
+        )(request_message, metadata=bearer(tenant.tokens[role]), timeout=10)
+        with pytest.raises(grpc.RpcError) as error:
+            next(call)
+    assert error.value.code() == code, error.value.details()
+    refusal = error_from_rpc(error.value)
+    assert refusal.reason == reason and reason in {known.code for known in ERROR_REASONS}
+    violations = getattr(refusal, "violations", [])  # only field and precondition errors have them
+    assert [violation.field for violation in violations] == ([] if field is None else [field])
+    texts = (error.value.details(), refusal.message, *refusal.metadata.values(), *(v.description for v in violations))
+    for text in texts:
+        assert not LEAK.search(text), f"exception text in the status: {text!r}"
 
 
 def test_idle_streams_without_a_token_hold_no_slot(server, agent):

@@ -8,19 +8,22 @@ trace in the server's log, the server still answers SERVING, and its memory stay
 The requests are drawn by hypothesis from the services' own descriptors (every field of every
 request type: ids from the tenant's real ids or made up, text with control characters,
 malformed and oversized JSON, unknown enum numbers, out-of-range numbers and timestamps),
-and from valid requests with some fields replaced. The seed is printed first (by default it
-is taken from the checked-out commit, so a commit's CI run replays what ran locally):
-``EFFECT_LEDGER_FUZZ_SEED=<seed>`` replays a run, any other number explores new requests; ``EFFECT_LEDGER_FUZZ_REQUESTS`` sets how many
-requests each backend gets (5,000 on PostgreSQL and 2,000 on SQLite by default).
+and from valid requests with some fields replaced. The seed is in pytest's report header
+(``tests/conftest.py``; output captured under pytest-xdist would hide a print) and in every
+failure message. By default it is taken from the checked-out commit (``support.fuzz_seed``), so
+a commit's CI run replays what ran locally: ``EFFECT_LEDGER_FUZZ_SEED=<seed>`` replays a run,
+any other number explores new requests; ``EFFECT_LEDGER_FUZZ_REQUESTS`` sets how many requests
+each backend gets (5,000 on PostgreSQL and 2,000 on SQLite by default), spread over every RPC
+of every service the generated package declares.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
-import random
+import pkgutil
 import re
-import subprocess
 
 import grpc
 import pytest
@@ -30,6 +33,7 @@ from grpc_health.v1 import health_pb2
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
+import effectledger.v1
 from effectledger.v1 import (
     approvals_pb2,
     budgets_pb2,
@@ -37,32 +41,27 @@ from effectledger.v1 import (
     common_pb2,
     gate_pb2,
     principals_pb2,
+    retention_pb2,
     runs_pb2,
+    schedules_pb2,
     tools_pb2,
 )
-from support import ServerProcess, contract, new_run, new_tenant, rss_kib
+from support import ServerProcess, contract, fuzz_seed, new_run, new_tenant, rss_kib
 
-FILES = (gate_pb2, runs_pb2, tools_pb2, approvals_pb2, budgets_pb2, checkpoints_pb2, principals_pb2)
-
-
-def default_seed() -> int:
-    """The checked-out commit's: each commit explores requests of its own, and a run on the same
-    commit (CI's, say) replays the same ones. Outside a git checkout: a random seed."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-            cwd=os.path.dirname(os.path.abspath(__file__)),
-        ).stdout.strip()
-        return int(head[:8], 16)
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return random.SystemRandom().randrange(2**32)
+FILES = (
+    gate_pb2,
+    runs_pb2,
+    tools_pb2,
+    approvals_pb2,
+    budgets_pb2,
+    checkpoints_pb2,
+    principals_pb2,
+    schedules_pb2,
+    retention_pb2,
+)
 
 
-SEED = int(os.environ.get("EFFECT_LEDGER_FUZZ_SEED") or default_seed())
+SEED = fuzz_seed()
 REQUESTS = {"postgres": 5000, "sqlite": 2000}
 FORBIDDEN_CODES = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN}
 # What an exception's text looks like when it leaks into a status message.
@@ -83,8 +82,23 @@ def methods() -> list[tuple[str, object, bool, bool]]:
     return sorted(found, key=lambda item: item[0])
 
 
+def declared_services() -> set[str]:
+    """Every service the generated package declares (a new proto file's included)."""
+    found = set()
+    for module_info in pkgutil.iter_modules(effectledger.v1.__path__):
+        if module_info.name.endswith("_pb2"):
+            module = importlib.import_module(f"effectledger.v1.{module_info.name}")
+            found.update(service.full_name for service in module.DESCRIPTOR.services_by_name.values())
+    return found
+
+
 METHODS = methods()
-assert len(METHODS) >= 40, "every service's RPCs are fuzzed"
+DECLARED_SERVICES = declared_services()
+FUZZED_SERVICES = {path.split("/")[1] for path, *_ in METHODS}
+assert DECLARED_SERVICES == FUZZED_SERVICES, f"services not fuzzed: {DECLARED_SERVICES - FUZZED_SERVICES}"
+# Approvals 6, Budgets 4, Checkpoints 17, Gate 12, Principals 5, Retention 6, Runs 4,
+# Schedules 5, ToolRegistry 4.
+assert len(METHODS) == 63, f"{len(METHODS)} RPCs: update the count (and the valid requests) when one is added"
 
 INT_RANGES = {
     FieldDescriptor.TYPE_INT32: (-(2**31), 2**31 - 1),
@@ -229,8 +243,22 @@ class Ledger:
                     run_id=run_id, tool="wire.send", arguments_json=b"{}", target="acct:1"
                 )
             )
+            schedule = schedules_pb2.ScheduleIntentRequest(
+                run_id=run_id,
+                tool="email.send",
+                arguments_json=b'{"to":"b"}',
+                idempotency_key="k2",
+                target="mailto:b",
+                purpose=schedules_pb2.DELAYED_RETRY,
+                delay_seconds=3600,
+                cancel_conditions=[schedules_pb2.CANCEL_WHEN_EFFECT_SUCCEEDED],
+            )
+            scheduled = agent.schedules.ScheduleIntent(schedule)
+            hold = retention_pb2.PlaceLegalHoldRequest(run_id=run_id, reason="case 1")
+            admin.retention.PlaceLegalHold(hold)
             self.pool += [run_id, allowed.effect_id, allowed.attempt_id, allowed.decision_id, approval.approval_id]
-            self.pool += ["email.send", "wire.send", "agent", "admin", "reviewer", "k1", "usd_micros"]
+            self.pool += [scheduled.schedule_id, "email.send", "wire.send", "agent", "admin", "reviewer", "k1", "k2"]
+            self.pool += ["usd_micros"]
             self.valid = {
                 "/effectledger.v1.Gate/AuthorizeEffect": [authorize],
                 "/effectledger.v1.Gate/RecordDispatch": [gate_pb2.RecordDispatchRequest(attempt_id=allowed.attempt_id)],
@@ -247,6 +275,16 @@ class Ledger:
                 "/effectledger.v1.Budgets/PutBudget": [
                     budgets_pb2.PutBudgetRequest(scope=budgets_pb2.TENANT, dimension="usd_micros", limit=100)
                 ],
+                "/effectledger.v1.Schedules/ScheduleIntent": [schedule],
+                "/effectledger.v1.Schedules/CancelSchedule": [
+                    schedules_pb2.CancelScheduleRequest(schedule_id=scheduled.schedule_id, reason="done")
+                ],
+                "/effectledger.v1.Schedules/WatchDueIntents": [schedules_pb2.WatchDueIntentsRequest(run_id=run_id)],
+                "/effectledger.v1.Retention/PutRetentionRule": [
+                    retention_pb2.PutRetentionRuleRequest(kind=retention_pb2.TRACE, max_age_seconds=86_400)
+                ],
+                "/effectledger.v1.Retention/PlaceLegalHold": [hold],
+                "/effectledger.v1.Retention/CollectRetention": [retention_pb2.CollectRetentionRequest(dry_run=True)],
             }
         self.tokens = [None, "forged-token", *self.tenant.tokens.values()]
         self.channel = grpc.insecure_channel(self.server.target)

@@ -232,3 +232,35 @@ def test_another_tenant_sees_no_schedule(server, tenant, agent, admin, database_
         stranger.schedules.CancelSchedule(
             schedules_pb2.CancelScheduleRequest(schedule_id=made.schedule_id, reason="not mine")
         )
+
+
+def test_malformed_ids_in_schedule_reads_are_invalid_arguments(agent):
+    """A schedule id or run filter with NUL, a newline or an escape is INVALID_ARGUMENT
+    (INVALID_ID) naming the field, never INTERNAL (PostgreSQL refuses NUL in text)."""
+    bad = "run\x00\n\x1b[31m"
+
+    def watch():
+        import grpc
+
+        from effect_ledger.client import error_from_rpc
+
+        try:
+            next(iter(agent.schedules.WatchDueIntents(schedules_pb2.WatchDueIntentsRequest(run_id=bad))))
+        except grpc.RpcError as error:  # streams are not wrapped by LedgerClient
+            raise error_from_rpc(error) from None
+
+    calls = {
+        "schedule_id": [
+            lambda: agent.schedules.GetSchedule(schedules_pb2.GetScheduleRequest(schedule_id=bad)),
+            lambda: agent.schedules.CancelSchedule(schedules_pb2.CancelScheduleRequest(schedule_id=bad, reason="x")),
+        ],
+        "run_id": [
+            lambda: agent.schedules.ListSchedules(schedules_pb2.ListSchedulesRequest(run_id=bad)),
+            watch,
+        ],
+    }
+    for field, made in calls.items():
+        for call in made:
+            with raises_error("INVALID_ARGUMENT", "INVALID_ID"):
+                call()
+            assert [violation.field for violation in raises_error.last.violations] == [field]

@@ -264,6 +264,40 @@ async def test_a_call_without_a_deadline_gets_the_default_one(served):
     probe.gate.set()
 
 
+async def test_streams_without_a_deadline_get_the_default_one():
+    """A server stream and a client stream that bring no deadline end with DEADLINE_EXCEEDED
+    at the default deadline (2 s here), not at the stream lifetime (60 s here). (WatchApprovals
+    and WatchDueIntents run to their lifetime instead, and end normally: the test above.)"""
+    async with serving(Limits(stream_lifetime_max_seconds=60.0)) as (probe, _guard, channel):
+        never = asyncio.Event()
+
+        async def chunks():
+            yield b"one"
+            await never.wait()  # the client never ends its upload
+            yield b"two"
+
+        async def listen() -> grpc.aio.AioRpcError:
+            stream = channel.unary_stream("/test.Guarded/Stream")(b"idle", metadata=token("tok-a"))
+            with pytest.raises(grpc.aio.AioRpcError) as error:
+                async for _message in stream:
+                    pass
+            return error.value
+
+        async def upload() -> grpc.aio.AioRpcError:
+            with pytest.raises(grpc.aio.AioRpcError) as error:
+                await channel.stream_unary("/test.Guarded/Upload")(chunks(), metadata=token("tok-a"))
+            return error.value
+
+        started = time.monotonic()
+        listened, uploaded = await asyncio.gather(listen(), upload())
+        elapsed = time.monotonic() - started
+        never.set()
+        assert listened.code() == grpc.StatusCode.DEADLINE_EXCEEDED, listened
+        assert uploaded.code() == grpc.StatusCode.DEADLINE_EXCEEDED, uploaded
+        assert probe.chunks_read == 1
+        assert 1.9 <= elapsed < 10
+
+
 async def test_admission_is_capped_and_health_is_never_refused(served):
     probe, guard, channel = served
     call = channel.unary_unary("/test.Guarded/Unary")

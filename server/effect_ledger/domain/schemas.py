@@ -1,7 +1,9 @@
 """Arguments schemas (JSON Schema 2020-12): what registration accepts, and bounded validation.
 
-A tool contract's arguments schema is tenant input that the gate runs on every AuthorizeEffect,
-synchronously, on the server's event loop. So everything it can make the server do is bounded
+A tool contract's arguments schema is tenant input that the gate runs on every AuthorizeEffect.
+The checks run in a small pool of worker processes, never on the server's event loop
+(``service/argument_checks.py``), but a worker is a shared resource all the same: every tenant's
+checks wait for the same few workers. So everything a schema can make a worker do is bounded
 when it is registered, and again while it runs:
 
 - its size (``SCHEMA_SIZE_MAX_BYTES`` of canonical JSON), JSON nesting (``SCHEMA_DEPTH_MAX``)
@@ -22,8 +24,9 @@ when it is registered, and again while it runs:
   value and of the value checked; an error found costs one). Arguments that need more are
   refused (ARGUMENTS_CHECK_TOO_COSTLY) rather than checked for longer.
 
-Validators are compiled once per (tenant, tool, revision) and kept in a bounded LRU cache
-(``VALIDATORS_CACHED_MAX``); a contract revision never changes, so an entry never goes stale.
+Validators are compiled once per (tenant, tool, revision) in each worker process and kept
+there in a bounded LRU cache (``VALIDATORS_CACHED_MAX``); a contract revision never changes,
+so an entry never goes stale.
 """
 
 from __future__ import annotations

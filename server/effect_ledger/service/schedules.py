@@ -236,6 +236,7 @@ async def fire(unit: UnitOfWork, tenant: str, schedule: Schedule, fired_by: str)
 
 
 async def cancel(unit: UnitOfWork, principal: Principal, schedule_id: str, reason: str) -> Schedule:
+    check_identifier(schedule_id, "schedule_id")
     check_text(reason, "reason", required=True, lines=True)
     tenant = principal.tenant_id
     schedule = await schedule_store.get(unit.connection, tenant, schedule_id, lock=True)
@@ -264,6 +265,7 @@ async def _reread(unit: UnitOfWork, tenant: str, schedule_id: str) -> Schedule:
 
 
 async def get(unit: UnitOfWork, principal: Principal, schedule_id: str) -> Schedule:
+    check_identifier(schedule_id, "schedule_id")
     found = await schedule_store.get(unit.connection, principal.tenant_id, schedule_id)
     if found is None:
         raise NotFound("schedule", schedule_id)
@@ -273,6 +275,7 @@ async def get(unit: UnitOfWork, principal: Principal, schedule_id: str) -> Sched
 async def list_schedules(
     unit: UnitOfWork, principal: Principal, *, run_id: str, state: str, before_id: str, limit: int
 ) -> list[Schedule]:
+    _check_run_filter(run_id)
     return await schedule_store.page(
         unit.connection, principal.tenant_id, run_id=run_id, state=state, before_id=before_id, limit=limit
     )
@@ -283,7 +286,14 @@ async def due_after(
 ) -> list[Schedule]:
     if after_sequence < 0:
         raise InvalidArgument.field("after_sequence", "must not be negative")
+    _check_run_filter(run_id)
     return await schedule_store.due_after(unit.connection, principal.tenant_id, after_sequence, run_id, limit)
+
+
+def _check_run_filter(run_id: str) -> None:
+    """An optional run filter (empty: every run of the tenant) is a well-formed id when given."""
+    if run_id:
+        check_identifier(run_id, "run_id")
 
 
 # --- the gate's part ------------------------------------------------------------------------
