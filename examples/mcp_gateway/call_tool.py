@@ -4,7 +4,8 @@
     python call_tool.py send_email '{"to": "bob@example.com", "subject": "Hi", "body": "Hello"}'
 
 Starts `python -m effect_ledger_client.adapters.mcp_gateway --config gateway.toml` (this
-folder's) as a subprocess over stdio, passing it EFFECT_LEDGER_TOKEN from the environment.
+folder's, or the file EFFECT_LEDGER_GATEWAY_CONFIG names) as a subprocess over stdio, passing it
+EFFECT_LEDGER_TOKEN from the environment.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import anyio
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
 HERE = Path(__file__).resolve().parent
+CONFIG = Path(os.environ.get("EFFECT_LEDGER_GATEWAY_CONFIG", HERE / "gateway.toml")).resolve()
 
 
 async def main(arguments: list[str]) -> int:
@@ -27,7 +29,7 @@ async def main(arguments: list[str]) -> int:
             "-m",
             "effect_ledger_client.adapters.mcp_gateway",
             "--config",
-            str(HERE / "gateway.toml"),
+            str(CONFIG),
         ],
         env={"EFFECT_LEDGER_TOKEN": os.environ.get("EFFECT_LEDGER_TOKEN", "")},
         cwd=str(HERE),

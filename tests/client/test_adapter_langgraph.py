@@ -7,9 +7,6 @@ import json
 import uuid
 
 import pytest
-
-pytest.importorskip("langgraph")
-
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.tools import tool
 from langgraph.checkpoint.memory import InMemorySaver

@@ -240,7 +240,10 @@ async def test_an_irreversible_tool_waits_for_a_reviewer_then_runs_once(config_p
     assert len(files.outbox()) == 3
 
 
-async def test_an_upstream_error_is_recorded_failed(config_path, registered, tenant, server, files):
+async def test_an_upstream_error_of_a_tool_configured_failed_is_recorded_failed(
+    config_path, registered, tenant, server, files
+):
+    assert json.loads(config_path.read_text())["tools"]["send_email"]["error_outcome"] == "failed"
     async with gateway(config_path, tenant) as session:
         bounced = await session.call_tool("send_email", {**BOB, "to": "nobody"})
         assert bounced.is_error
@@ -251,6 +254,26 @@ async def test_an_upstream_error_is_recorded_failed(config_path, registered, ten
         assert [stage_name(attempt.stage) for attempt in failed.attempts] == ["FAILED"]
     assert [call["arguments"]["to"] for call in files.calls()] == ["nobody"]
     assert files.outbox() == []
+
+
+async def test_an_upstream_error_is_recorded_unknown_by_default(config_path, registered, tenant, server, files):
+    """Without error_outcome an MCP tool error may have followed an effect: UNKNOWN, and the gate
+    then asks for a reconciliation before the call runs again (no RETRY_SAME_KEY here)."""
+    config = json.loads(config_path.read_text())
+    del config["tools"]["send_email"]["error_outcome"]
+    config["tools"]["send_email"]["ledger_tool"] = "email.strict"
+    config_path.write_text(json.dumps(config))
+    with tenant.client(server, "admin") as admin:
+        admin.tools.PutToolContract(contract("email.strict"))
+    async with gateway(config_path, tenant) as session:
+        bounced = await session.call_tool("send_email", {**BOB, "to": "nobody"})
+        assert bounced.is_error and "550 no such recipient" in text_of(bounced)
+        assert meta(bounced, "outcome") == "UNKNOWN"
+        uncertain = effect(tenant, server, meta(bounced, "effect_id"))
+        assert stage_name(uncertain.stage) == "UNKNOWN"
+        again = await session.call_tool("send_email", {**BOB, "to": "nobody"})
+        assert meta(again, "outcome") == "RECONCILE_REQUIRED"
+    assert [call["arguments"]["to"] for call in files.calls()] == ["nobody"]
 
 
 SLOW_UPSTREAM = """

@@ -9,10 +9,6 @@ import json
 import uuid
 from dataclasses import dataclass
 
-import pytest
-
-pytest.importorskip("agents")
-
 from agents import Agent, RunConfig, Runner, function_tool
 from agents.testing import ScriptedModel, assistant_message, function_call
 from agents.tool_context import ToolContext

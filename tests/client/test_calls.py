@@ -3,6 +3,7 @@ that honour RetryInfo for the calls that are safe to repeat and only for those, 
 
 from __future__ import annotations
 
+import asyncio
 import time
 import types
 from pathlib import Path
@@ -25,7 +26,7 @@ from effect_ledger_client import (
     Unavailable,
     _services,
 )
-from effect_ledger_client.proto import approvals_pb2, gate_pb2, runs_pb2
+from effect_ledger_client.proto import approvals_pb2, common_pb2, gate_pb2, runs_pb2
 from support import ServerProcess, new_tenant
 
 FORGED_TOKEN = "elt_forged_" + "x" * 40
@@ -157,6 +158,91 @@ def test_a_rate_limited_read_is_retried_after_the_retry_info_delay(limited, slee
     assert len(sleeps) == 1, sleeps
     assert refusal.retry_after_seconds * 0.5 <= sleeps[0] <= refusal.retry_after_seconds * 1.1 + 0.05
     assert waited >= sleeps[0]
+
+
+async def test_an_async_rate_limited_read_is_retried_after_the_retry_info_delay(limited, monkeypatch):
+    """The asyncio client's retry loop: the same rule as the sync one, with asyncio.sleep."""
+    server, tenant = limited
+    token = tenant.tokens["agent"]
+    sleeps: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        await asyncio.sleep(seconds)
+
+    monkeypatch.setattr(_services, "asyncio", types.SimpleNamespace(sleep=sleep))
+    retrying = AsyncLedger(server.target, token)
+    try:
+        with Ledger(server.target, token, retry=RetryPolicy(attempts_max=1)) as once:
+            await asyncio.sleep(1.5)  # a full bucket
+            run_id = once.runs.CreateRun(runs_pb2.CreateRunRequest(request_id="r-async")).run_id
+            refusal = drained(once, run_id)
+        assert refusal.reason == "RATE_LIMITED" and refusal.retry_after_seconds and refusal.retry_after_seconds > 0.1
+        run = await retrying.runs.GetRun(runs_pb2.GetRunRequest(run_id=run_id))
+        assert run.run_id == run_id
+        assert len(sleeps) == 1, sleeps
+        assert refusal.retry_after_seconds * 0.5 <= sleeps[0] <= refusal.retry_after_seconds * 1.1 + 0.05
+        # Not safe to repeat: refused once, raised at once.
+        with Ledger(server.target, token, retry=RetryPolicy(attempts_max=1)) as once:
+            drained(once, run_id)
+        with pytest.raises(ResourceExhausted):
+            await retrying.runs.CreateRun(runs_pb2.CreateRunRequest())
+        assert len(sleeps) == 1
+    finally:
+        await retrying.close()
+
+
+@pytest.fixture(scope="module")
+def policy_outage(sqlite_url):
+    """A server whose policy engine is a remote OPA (the stand-in of tests/opa_standin.py), which
+    a test can make fail: the gate then answers UNAVAILABLE (POLICY_UNAVAILABLE) with RetryInfo."""
+    from opa_standin import OpaStandIn
+
+    from effect_ledger.policy.engine import default_policy_dir
+
+    opa = OpaStandIn(default_policy_dir()).start()
+    running = ServerProcess(sqlite_url, ["--opa-url", opa.url, "--opa-timeout-seconds", "0.5"]).start()
+    yield opa, running, new_tenant(sqlite_url)
+    running.stop()
+    opa.stop()
+
+
+def test_an_unavailable_authorize_is_retried_after_the_retry_info_delay(policy_outage, monkeypatch):
+    """Nothing is decided while the policy engine is down: the client waits out the server's
+    RetryInfo delay, asks again, and gets the decision once the engine is back."""
+    opa, server, tenant = policy_outage
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:  # the engine comes back while the client waits
+        sleeps.append(seconds)
+        opa.set_mode("normal")
+        time.sleep(seconds)
+
+    monkeypatch.setattr(_services, "time", types.SimpleNamespace(sleep=sleep, monotonic=time.monotonic))
+    token = tenant.tokens["agent"]
+    with (
+        Ledger(server.target, tenant.tokens["admin"]) as admin,
+        Ledger(server.target, token, retry=RetryPolicy(attempts_max=1)) as once,
+        Ledger(server.target, token) as retrying,
+    ):
+        from .conftest import register
+
+        register(admin)
+        run_id = once.runs.CreateRun(runs_pb2.CreateRunRequest()).run_id
+        request = gate_pb2.AuthorizeEffectRequest(
+            run_id=run_id, tool="email.send", idempotency_key="k1", target="mailto:bob", arguments_json=b"{}"
+        )
+        opa.set_mode("http500")
+        try:
+            with pytest.raises(Unavailable) as refused:
+                once.gate.AuthorizeEffect(request)
+            delay = refused.value.retry_after_seconds
+            assert refused.value.reason == "POLICY_UNAVAILABLE" and delay and sleeps == []
+            allowed = retrying.gate.AuthorizeEffect(request)
+        finally:
+            opa.set_mode("normal")
+    assert common_pb2.Outcome.Name(allowed.outcome) == "ALLOW"
+    assert len(sleeps) == 1 and delay <= sleeps[0] <= delay * 1.1, (sleeps, delay)
 
 
 def test_a_call_that_is_not_idempotent_is_not_retried(limited, sleeps):

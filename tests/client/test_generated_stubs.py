@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import shutil
 import sys
@@ -121,6 +122,43 @@ def test_the_version_follows_the_proto_package():
     assert gate_pb2.DESCRIPTOR.package == effect_ledger_client.PROTO_PACKAGE
     for path in generator.proto_files():
         assert f"package {effect_ledger_client.PROTO_PACKAGE};" in path.read_text(), path
+
+
+def protos_sha256(proto_root: Path = generator.PROTO_ROOT) -> str:
+    """The digest _version.PROTOS_SHA256 records: each .proto's path, a NUL, its bytes, a NUL."""
+    digest = hashlib.sha256()
+    for path in generator.proto_files(proto_root):
+        digest.update(path.relative_to(proto_root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def test_a_proto_change_needs_a_new_minor_version():
+    """The minor version grows with the protos: protos/ must be the tree recorded for this
+    version's major.minor, and each recorded version has a tree of its own."""
+    from effect_ledger_client import _version
+
+    minor = ".".join(_version.__version__.split(".")[:2])
+    current = protos_sha256()
+    assert minor in _version.PROTOS_SHA256, f"no protos/ digest recorded for {minor}: add {minor!r}: {current!r}"
+    assert _version.PROTOS_SHA256[minor] == current, (
+        f"protos/ changed since {_version.__version__}: regenerate the stubs (clients/python/generate.py), "
+        f"raise the minor version in effect_ledger_client/_version.py and record its digest {current!r}"
+    )
+    assert len(set(_version.PROTOS_SHA256.values())) == len(_version.PROTOS_SHA256)
+    assert max(_version.PROTOS_SHA256, key=lambda name: tuple(map(int, name.split(".")))) == minor
+
+
+def test_the_protos_digest_sees_any_change(tmp_path):
+    protos = tmp_path / "protos"
+    shutil.copytree(generator.PROTO_ROOT, protos)
+    assert protos_sha256(protos) == protos_sha256()
+    common = protos / "effectledger" / "v1" / "common.proto"
+    common.write_text(common.read_text() + "\n")
+    assert protos_sha256(protos) != protos_sha256()  # an edit
+    renamed = tmp_path / "renamed"
+    shutil.copytree(generator.PROTO_ROOT, renamed)
+    (renamed / "effectledger" / "v1" / "common.proto").rename(renamed / "effectledger" / "v1" / "common2.proto")
+    assert protos_sha256(renamed) != protos_sha256()  # a rename
 
 
 def test_the_distribution_ships_no_top_level_effectledger():

@@ -187,6 +187,26 @@ def test_the_decorator_sends_the_call_arguments_and_needs_an_effect_parameter(le
         ledger.guarded("email.send", run_id=run_id, key="k")(lambda to: None)
 
 
+def test_the_sync_decorator_refuses_async_functions():
+    """Ledger.guarded on an ``async def`` would report UNKNOWN before the coroutine even ran."""
+    from effect_ledger_client import Ledger
+
+    with Ledger("127.0.0.1:1", "token") as nowhere:
+        decorate = nowhere.guarded("email.send", run_id="run_x", key="k")
+
+        async def send(to, *, effect):
+            return None
+
+        async def sends(to, *, effect):
+            yield None
+
+        with pytest.raises(TypeError, match="AsyncLedger"):
+            decorate(send)
+        with pytest.raises(TypeError, match="AsyncLedger"):
+            decorate(sends)
+        assert decorate(lambda to, *, effect: None)  # a plain function is decorated
+
+
 def test_the_decorated_function_raising_leaves_unknown_and_propagates(ledger, admin_ledger, run_id):
     register(admin_ledger)
 

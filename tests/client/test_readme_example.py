@@ -19,6 +19,18 @@ REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 CLIENT_README = REPO / "clients" / "python" / "README.md"
 PYTHON_LINES_MAX = 10
+NUMBER_WORDS = {
+    "one": 1,
+    "two": 2,
+    "three": 3,
+    "four": 4,
+    "five": 5,
+    "six": 6,
+    "seven": 7,
+    "eight": 8,
+    "nine": 9,
+    "ten": 10,
+}
 
 
 def python_blocks(path: Path, section: str) -> list[str]:
@@ -53,10 +65,28 @@ def effects_of_run(server, token: str, run_id: str) -> list[gate_pb2.Effect]:
         ]
 
 
+def text_before(path: Path, block: str) -> str:
+    """The paragraph just above a ```python block."""
+    text = path.read_text()
+    start = text.index("```python\n" + block)
+    return text[:start].rstrip().rsplit("\n\n", 1)[-1]
+
+
+def test_the_worked_example_says_what_it_is():
+    """The README's claims about its example: the agent's part is N lines (N spelled out, and at
+    most ten), and the contract is one-time setup, apart from it."""
+    admin_block, agent_block = python_blocks(README, "A worked example")
+    claim = re.search(r"The agent's part is these (\w+) lines of Python", text_before(README, agent_block))
+    assert claim, "the paragraph above the agent's block says how many lines it is"
+    agent_lines = len(agent_block.strip().splitlines())
+    assert NUMBER_WORDS.get(claim.group(1)) == agent_lines <= PYTHON_LINES_MAX, (claim.group(1), agent_lines)
+    assert "guarded" in agent_block or "guard(" in agent_block
+    assert "One-time setup, not part of the agent's code" in text_before(README, admin_block)
+    assert "PutToolContract" in admin_block and "PutToolContract" not in agent_block
+
+
 def test_the_worked_example_runs_and_sends_once(server, tenant):
     admin_block, agent_block = python_blocks(README, "A worked example")
-    assert len(agent_block.strip().splitlines()) <= PYTHON_LINES_MAX
-    assert "guarded" in agent_block or "guard(" in agent_block
     tenant.add("ops", "admin")
     tenant.add("mailer-agent", "agent")
     swaps = {

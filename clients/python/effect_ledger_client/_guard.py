@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import inspect
 import json
+import random
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -29,6 +30,10 @@ RENEW_INTERVAL_MIN_SECONDS = 0.2
 APPROVAL_ROUNDS_MAX = 16
 APPROVAL_TIMEOUT_SECONDS_DEFAULT = 300.0
 ARGUMENTS_JSON_SIZE_MAX_BYTES = 64 * 1024
+# After the server breaks the approval watch (UNAVAILABLE: a restart, a lost connection), the
+# guard watches again after this backoff, doubling up to the maximum, within the approval timeout.
+WATCH_BACKOFF_INITIAL_SECONDS = 0.1
+WATCH_BACKOFF_MAX_SECONDS = 2.0
 PENDING = approvals_pb2.PENDING
 DECIDED_DENIED = approvals_pb2.DENIED
 
@@ -89,6 +94,13 @@ def settle_answer(response, denied_approval_id: str | None = None):
 
 def watch_request(run_id: str, tool: str, after_sequence: int) -> approvals_pb2.WatchApprovalsRequest:
     return approvals_pb2.WatchApprovalsRequest(after_sequence=after_sequence, run_id=run_id, tool=tool)
+
+
+def watch_backoff_seconds(failures: int, remaining_seconds: float) -> float:
+    """How long to wait before watching again after ``failures`` breaks in a row (1-based):
+    jittered, never past the approval deadline."""
+    ceiling = min(WATCH_BACKOFF_MAX_SECONDS, WATCH_BACKOFF_INITIAL_SECONDS * 2 ** (failures - 1))
+    return max(0.0, min(remaining_seconds, random.uniform(ceiling / 2, ceiling)))
 
 
 def decided_state(event, approval_id: str) -> int | None:

@@ -3,8 +3,12 @@
 A call is retried only when repeating it cannot do anything twice:
 
 - reads (``Get*``, ``List*``, ``CheckResumeCompatibility``);
-- ``AuthorizeEffect``: its idempotency key names one effect, and a repeat is answered from what
-  the first call committed;
+- ``AuthorizeEffect``: its idempotency key names one effect, so a repeat never starts a second
+  one. The server does not replay the first answer: it decides the repeat again against what the
+  first call committed. After a lost ALLOW the attempt it opened is still open (DISPATCHED with
+  ``begin_dispatched``), so the repeat gets RECONCILE_REQUIRED, or, for a tool whose contract
+  allows RETRY_SAME_KEY, a new attempt under the same provider key (while ``max_attempts``
+  allows); after a success, DUPLICATE with the receipt;
 - ``RecordDispatch``, ``RecordOutcome``, ``RenewLease``, ``ReleaseAttempt``: on the same attempt a
   repeated report changes nothing (stages never regress);
 - ``CreateRun`` with a ``request_id`` (which names one run).

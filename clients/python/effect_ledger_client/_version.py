@@ -3,8 +3,17 @@
 The rule: the major version is the proto package's version (``effectledger.v1`` -> ``1.x.y``);
 the minor version grows each time the shipped stubs are regenerated from changed protos; the
 patch version for changes of the client alone. ``tests/client/test_generated_stubs.py`` checks
-that the major version and the package of every shipped descriptor agree with PROTO_PACKAGE.
+that the major version and the package of every shipped descriptor agree with PROTO_PACKAGE, and
+that ``protos/`` is the tree PROTOS_SHA256 records for this minor version.
 """
 
 PROTO_PACKAGE = "effectledger.v1"
-__version__ = "1.0.0"
+__version__ = "1.1.0"
+
+# major.minor -> the SHA-256 of the protos/ tree its stubs were generated from (each .proto file's
+# path under protos/, a NUL, its bytes, a NUL, in path order). A change of protos/ fails the test
+# until the stubs are regenerated, the minor version is raised and its digest is added here; an
+# entry, once a version is out, is never edited.
+PROTOS_SHA256 = {
+    "1.1": "d50f248e3a0001743bac44271c36d93cafd2898b66f13036420474c4d026e56e",
+}

@@ -22,7 +22,7 @@ from effect_ledger_client import _guard
 from effect_ledger_client._channel import Pem, channel_credentials, channel_options
 from effect_ledger_client._retry import DEFAULT_RETRY, RetryPolicy
 from effect_ledger_client._services import Service, attach_services
-from effect_ledger_client.errors import DeadlineExceeded, FailedPrecondition, LedgerError
+from effect_ledger_client.errors import DeadlineExceeded, FailedPrecondition, LedgerError, Unavailable
 from effect_ledger_client.outcomes import AlreadySucceeded, ApprovalTimeout, Receipt, Rejected
 from effect_ledger_client.proto import approvals_pb2, gate_pb2
 
@@ -263,24 +263,35 @@ class AsyncGuard:
         raise ApprovalTimeout(approval_id, self._approval_timeout_seconds)
 
     async def _wait_for_decision(self, approval_id: str, deadline: float) -> int:
+        """``Guard._wait_for_decision``: resumed from the last sequence when a stream ends, and
+        after a short backoff when the server is unavailable."""
         approvals = self._ledger.approvals
         get = approvals_pb2.GetApprovalRequest(approval_id=approval_id)
-        state = (await approvals.GetApproval(get)).state
         after_sequence = 0
-        while state == _guard.PENDING:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise ApprovalTimeout(approval_id, self._approval_timeout_seconds)
-            stream = approvals.WatchApprovals(
-                _guard.watch_request(self._request.run_id, self._request.tool, after_sequence), timeout=remaining
-            )
+        failures = 0  # breaks in a row
+        while True:
             try:
-                async for event in stream:
-                    after_sequence = event.sequence
-                    if _guard.decided_state(event, approval_id) is not None:
-                        stream.cancel()
-                        break
-            except DeadlineExceeded:
-                pass
-            state = (await approvals.GetApproval(get)).state
-        return state
+                state = (await approvals.GetApproval(get)).state
+                if state != _guard.PENDING:
+                    return state
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ApprovalTimeout(approval_id, self._approval_timeout_seconds)
+                stream = approvals.WatchApprovals(
+                    _guard.watch_request(self._request.run_id, self._request.tool, after_sequence), timeout=remaining
+                )
+                try:
+                    async for event in stream:
+                        after_sequence, failures = event.sequence, 0
+                        if _guard.decided_state(event, approval_id) is not None:
+                            stream.cancel()
+                            break
+                except DeadlineExceeded:
+                    pass
+            except Unavailable as error:
+                failures += 1
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ApprovalTimeout(approval_id, self._approval_timeout_seconds) from error
+                log.warning("approval %s: watching again after %r", approval_id, error)
+                await asyncio.sleep(_guard.watch_backoff_seconds(failures, remaining))

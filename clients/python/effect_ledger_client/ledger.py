@@ -9,6 +9,7 @@ with ledger.guard(run_id, "email.send", {"to": "a@example.com"}, key="welcome-42
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import threading
 import time
@@ -21,7 +22,7 @@ from effect_ledger_client import _guard
 from effect_ledger_client._channel import Pem, channel_credentials, channel_options
 from effect_ledger_client._retry import DEFAULT_RETRY, RetryPolicy
 from effect_ledger_client._services import Service, attach_services
-from effect_ledger_client.errors import DeadlineExceeded, FailedPrecondition, LedgerError
+from effect_ledger_client.errors import DeadlineExceeded, FailedPrecondition, LedgerError, Unavailable
 from effect_ledger_client.outcomes import AlreadySucceeded, ApprovalTimeout, Receipt, Rejected
 from effect_ledger_client.proto import approvals_pb2, gate_pb2
 
@@ -103,6 +104,9 @@ class Ledger:
         function is not called."""
 
         def decorate(function: Callable) -> Callable:
+            if inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function):
+                # Called without await, its body would run after the guard reported UNKNOWN.
+                raise TypeError(f"{function.__qualname__}: Ledger.guarded decorates plain functions; use AsyncLedger")
             signature = _guard.checked_signature(function)
 
             @functools.wraps(function)
@@ -278,24 +282,35 @@ class Guard:
 
     def _wait_for_decision(self, approval_id: str, deadline: float) -> int:
         """The approval's state once it is decided; ApprovalTimeout at the deadline. Watches the
-        run's approval events for the tool, resuming from the last sequence when a stream ends."""
+        run's approval events for the tool, resuming from the last sequence when a stream ends,
+        and after a short backoff when the server is unavailable (a restart, a lost connection)."""
         approvals = self._ledger.approvals
-        state = approvals.GetApproval(approvals_pb2.GetApprovalRequest(approval_id=approval_id)).state
+        get = approvals_pb2.GetApprovalRequest(approval_id=approval_id)
         after_sequence = 0
-        while state == _guard.PENDING:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise ApprovalTimeout(approval_id, self._approval_timeout_seconds)
-            stream = approvals.WatchApprovals(
-                _guard.watch_request(self._request.run_id, self._request.tool, after_sequence), timeout=remaining
-            )
+        failures = 0  # breaks in a row
+        while True:
             try:
-                for event in stream:
-                    after_sequence = event.sequence
-                    if _guard.decided_state(event, approval_id) is not None:
-                        stream.cancel()
-                        break
-            except DeadlineExceeded:
-                pass
-            state = approvals.GetApproval(approvals_pb2.GetApprovalRequest(approval_id=approval_id)).state
-        return state
+                state = approvals.GetApproval(get).state
+                if state != _guard.PENDING:
+                    return state
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ApprovalTimeout(approval_id, self._approval_timeout_seconds)
+                stream = approvals.WatchApprovals(
+                    _guard.watch_request(self._request.run_id, self._request.tool, after_sequence), timeout=remaining
+                )
+                try:
+                    for event in stream:
+                        after_sequence, failures = event.sequence, 0
+                        if _guard.decided_state(event, approval_id) is not None:
+                            stream.cancel()
+                            break
+                except DeadlineExceeded:
+                    pass
+            except Unavailable as error:
+                failures += 1
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ApprovalTimeout(approval_id, self._approval_timeout_seconds) from error
+                log.warning("approval %s: watching again after %r", approval_id, error)
+                time.sleep(_guard.watch_backoff_seconds(failures, remaining))

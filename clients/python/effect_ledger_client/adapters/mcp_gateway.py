@@ -15,9 +15,10 @@ the client's guard (``AsyncLedger.guard``):
     RECONCILE_REQUIRED     a tool error naming the effect and its stage     not called
     (the ledger fails)     a tool error naming the reason                   not called
 
-After an ALLOW: an upstream result with ``isError`` true is recorded FAILED (the provider said
-no), a transport failure, timeout or protocol error UNKNOWN (it may have happened), anything
-else SUCCEEDED with a receipt whose detail holds the upstream's result (cut down to an excerpt
+After an ALLOW: an upstream result with ``isError`` true is recorded UNKNOWN (an MCP tool error
+does not say whether the tool acted first), or FAILED for a tool configured
+``error_outcome = "failed"`` (its errors are definite rejections); a transport failure, timeout
+or protocol error UNKNOWN (it may have happened); anything else SUCCEEDED with a receipt whose detail holds the upstream's result (cut down to an excerpt
 and its SHA-256 when it would not fit the ledger's 64 KiB). Tools the configuration does not
 name are neither listed nor forwarded. Every answer of the gateway's own carries ``_meta`` keys
 under ``effect-ledger/`` (outcome, effect_id, approval_request_id, ...) for programs; the text
@@ -103,8 +104,10 @@ class ToolRule:
     key_scope: str = "run"
     # A template over the arguments, e.g. "mailto:{to}"; "" lets the guard use the tool name.
     target: str = ""
-    # What an upstream result with isError true is recorded as: "failed" or "unknown".
-    error_outcome: str = "failed"
+    # What an upstream result with isError true is recorded as. "unknown" unless the config says
+    # "failed": an MCP tool error does not say whether the tool acted before it failed, so only a
+    # tool whose errors are known to be definite rejections may have them recorded FAILED.
+    error_outcome: str = "unknown"
 
 
 @dataclass(frozen=True)
@@ -211,7 +214,7 @@ def _tool_rule(name: str, rule: Any) -> ToolRule:
         key_arguments=tuple(key) if key is not None else None,
         key_scope=_choice(rule, f"{where}.key_scope", ("run", "tenant")),
         target=_text(rule, f"{where}.target", ""),
-        error_outcome=_choice(rule, f"{where}.error_outcome", ("failed", "unknown")),
+        error_outcome=_choice(rule, f"{where}.error_outcome", ("unknown", "failed")),
     )
 
 
@@ -406,7 +409,8 @@ def _reasons_meta(reasons: list[Reason]) -> list[dict[str, str]]:
 
 
 class _UpstreamRejected(Rejected):
-    """The upstream answered isError: recorded FAILED by the guard, then answered as it is."""
+    """The upstream answered isError for a tool configured ``error_outcome = "failed"``: recorded
+    FAILED by the guard, then answered as it is."""
 
     def __init__(self, result: types.CallToolResult) -> None:
         super().__init__(_error_reason(result))
@@ -415,7 +419,8 @@ class _UpstreamRejected(Rejected):
 
 class _UpstreamUnknown(Exception):
     """The upstream call may have happened (a transport failure, a timeout, a protocol error, or
-    an isError answer of a tool configured ``error_outcome = "unknown"``): recorded UNKNOWN."""
+    an isError answer, unless the tool is configured ``error_outcome = "failed"``): recorded
+    UNKNOWN."""
 
     def __init__(self, cause: str, result: types.CallToolResult | None = None) -> None:
         super().__init__(cause)
