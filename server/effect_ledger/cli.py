@@ -1,7 +1,10 @@
-"""The ``effect-ledger`` command: serve, migrate, principal add, checkpoint-keys, verify, policy-test.
+"""The ``effect-ledger`` command: serve, migrate, principal, checkpoint-keys, verify, collect,
+policy-test, and console (the reviewer's web console, from the client package).
 
-Every flag can also be set as an ``EFFECT_LEDGER_<FLAG>`` environment variable
-(``--database-url`` -> ``EFFECT_LEDGER_DATABASE_URL``); a flag given on the command line wins.
+Every flag that configures the service or names the database or the policy can also be set as
+an ``EFFECT_LEDGER_<FLAG>`` environment variable (``--database-url`` ->
+``EFFECT_LEDGER_DATABASE_URL``); a flag given on the command line wins. ``--help`` of each
+command names the variable of each such flag, and shows the defaults.
 """
 
 from __future__ import annotations
@@ -34,12 +37,32 @@ from effect_ledger.transport.workers import default_worker_count
 ENV_PREFIX = "EFFECT_LEDGER_"
 
 
+# The flags whose default an environment variable sets (``--help`` names it for each).
+_FROM_ENVIRONMENT: set[str] = set()
+
+
 def _env(name: str, default: str = "") -> str:
+    _FROM_ENVIRONMENT.add(name)
     return os.environ.get(ENV_PREFIX + name.upper().replace("-", "_"), default)
 
 
 class BadEnvironmentValue(Exception):
     """An ``EFFECT_LEDGER_`` variable whose value the flag it stands for cannot take."""
+
+
+class _BadNumber:
+    """The default of a number flag whose environment variable holds no number. Reported (exit 2)
+    only when the command that has the flag runs: a bad serve variable stops neither
+    ``--version`` nor ``verify``."""
+
+    def __init__(self, name: str, kind: type[int] | type[float], text: str) -> None:
+        variable = ENV_PREFIX + name.upper().replace("-", "_")
+        noun = "an integer" if kind is int else "a number"
+        self.problem = f"{variable}={text!r} is not {noun} (it sets --{name})"
+        self.text = text
+
+    def __str__(self) -> str:  # as --help shows the default
+        return self.text
 
 
 def _env_number(name: str, kind: type[int] | type[float], default: str) -> int | float:
@@ -48,9 +71,14 @@ def _env_number(name: str, kind: type[int] | type[float], default: str) -> int |
     try:
         return kind(text)
     except ValueError:
-        variable = ENV_PREFIX + name.upper().replace("-", "_")
-        noun = "an integer" if kind is int else "a number"
-        raise BadEnvironmentValue(f"{variable}={text!r} is not {noun} (it sets --{name})") from None
+        return _BadNumber(name, kind, text)  # type: ignore[return-value]  # checked after parsing
+
+
+def _check_environment_numbers(options: argparse.Namespace) -> None:
+    """BadEnvironmentValue for the first flag of this command left with a _BadNumber."""
+    for value in vars(options).values():
+        if isinstance(value, _BadNumber):
+            raise BadEnvironmentValue(value.problem)
 
 
 def _env_flag(name: str) -> bool:
@@ -81,20 +109,23 @@ def _migrate(url: str) -> None:
         engine.dispose()
 
 
-def _schema_problem(url: str) -> str | None:
-    """``serve --no-migrate``: why the database is not ready to serve as it is; None when it is."""
+def _schema_problem(url: str, who: str = "--no-migrate") -> str | None:
+    """``serve --no-migrate`` (or ``who``, a command that only reads): why the database is not
+    ready to use as it is; None when it is. Only a server is refused a database that may lose
+    commits."""
     from effect_ledger.storage.migrate import check_durable_commits, is_at_head
 
     engine = create_sync(DatabaseSettings(url))
     try:
-        check_durable_commits(engine)
+        if who == "--no-migrate":
+            check_durable_commits(engine)
         at_head, current, head = is_at_head(engine)
     finally:
         engine.dispose()
     if at_head:
         return None
     return (
-        f"--no-migrate: the database schema is at revision {current or 'none (empty database)'}, "
+        f"{who}: the database schema is at revision {current or 'none (empty database)'}, "
         f"not the newest ({head}); run `effect-ledger migrate` first"
     )
 
@@ -249,7 +280,7 @@ def command_serve(options: argparse.Namespace) -> int:
     from effect_ledger.observability.metrics import BadMetricsAddress
     from effect_ledger.storage.engine import Database, create_async
     from effect_ledger.transport import workers
-    from effect_ledger.transport.server import CannotListen, serve_forever
+    from effect_ledger.transport.ports import CannotListen
 
     hangup = _HangupWhileStarting()
     hangup.install()  # first: a SIGHUP from here on never ends the process
@@ -291,9 +322,11 @@ def command_serve(options: argparse.Namespace) -> int:
                     options.grace_seconds,
                     metrics_listen=options.metrics_listen,
                 )
-            except BadMetricsAddress as error:
+            except (CannotListen, BadMetricsAddress) as error:
                 print(f"effect-ledger: {error}", file=sys.stderr)
                 return 2
+    from effect_ledger.transport.server import serve_forever  # grpc: not in a supervisor
+
     try:
         tracing.configure(options.otel_exporter)
     except tracing.BadExporter as error:
@@ -709,7 +742,11 @@ def verify_report(url: str) -> tuple[list[str], list[str]]:
 
 
 def command_verify(options: argparse.Namespace) -> int:
-    problems, removed = verify_report(_database_url(options))
+    url = _database_url(options)
+    if problem := _schema_problem(url, "verify"):  # verify reads only: it never migrates
+        print(f"effect-ledger: {problem}", file=sys.stderr)
+        return 2
+    problems, removed = verify_report(url)
     for line in removed:
         print(line)
     for line in problems:
@@ -786,6 +823,33 @@ def command_policy_test(options: argparse.Namespace) -> int:
     return 1 if failed or not results else 0
 
 
+# --- console -------------------------------------------------------------------------------
+
+CONSOLE_INSTALL = "pip install './clients/python[console]'"
+
+
+def command_console(options: argparse.Namespace) -> int:
+    """The reviewer's console (effect_ledger_client.console), with the arguments after ``console``."""
+    try:
+        # What the console imports as it starts: the client package, and the extra's packages
+        # (uvicorn; starlette, jinja2, sse-starlette and python-multipart through the app).
+        import uvicorn  # noqa: F401
+
+        import effect_ledger_client  # noqa: F401
+        from effect_ledger_client.console import app  # noqa: F401
+        from effect_ledger_client.console.serve import main as console_main
+    except ImportError as error:
+        if (error.name or "").startswith("effect_ledger_client."):
+            raise  # the client package is there but broken: not a missing extra
+        print(
+            f"effect-ledger: the console needs the client package with its console extra (no module "
+            f"{error.name!r}); install it from the repository's root: {CONSOLE_INSTALL}",
+            file=sys.stderr,
+        )
+        return 2
+    return console_main(options.console_arguments)
+
+
 # --- the parser ----------------------------------------------------------------------------
 
 
@@ -801,10 +865,16 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def _document_environment(parser: argparse.ArgumentParser) -> None:
-    """Append its environment variable to the help of each of ``parser``'s flags."""
+    """For ``parser`` and each of its subcommands, at any depth: show defaults (_HelpFormatter)
+    and append its environment variable to the help of each flag that reads one."""
+    parser.formatter_class = _HelpFormatter
     for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for subcommand in dict.fromkeys(action.choices.values()):  # each once (aliases)
+                _document_environment(subcommand)
+            continue
         name = next((o for o in action.option_strings if o.startswith("--")), None)
-        if name is None or action.help is argparse.SUPPRESS or name in ("--help", "--version"):
+        if name is None or action.help is argparse.SUPPRESS or name[2:] not in _FROM_ENVIRONMENT:
             continue
         variable = ENV_PREFIX + name[2:].upper().replace("-", "_")
         action.help = f"{action.help or ''} (env {variable})".lstrip()
@@ -867,16 +937,8 @@ def _observability_arguments(serve: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="effect-ledger", description="The effect ledger and final gate.")
     parser.add_argument("--version", action="version", version=f"effect-ledger {_version()}")
-    parser.add_argument(
-        "--log-level",
-        default=_env("log-level", "INFO"),
-        help="DEBUG, INFO, WARNING or ERROR (env EFFECT_LEDGER_LOG_LEVEL)",
-    )
-    parser.add_argument(
-        "--log-format",
-        default=_env("log-format", "text"),
-        help="text or json: one JSON object a line (env EFFECT_LEDGER_LOG_FORMAT; default text)",
-    )
+    parser.add_argument("--log-level", default=_env("log-level", "INFO"), help="DEBUG, INFO, WARNING or ERROR")
+    parser.add_argument("--log-format", default=_env("log-format", "text"), help="text or json: one JSON object a line")
     commands = parser.add_subparsers(dest="command")
 
     serve = commands.add_parser(
@@ -1029,7 +1091,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env_number("snapshots-per-tenant-max", int, str(defaults.snapshots_per_tenant_max)),
         help="a tenant's recorded snapshots",
     )
-    _document_environment(serve)
     serve.set_defaults(handler=command_serve)
 
     migrate = commands.add_parser("migrate", help="apply database migrations")
@@ -1111,28 +1172,52 @@ def build_parser() -> argparse.ArgumentParser:
     collect.set_defaults(handler=command_collect)
 
     policy_test = commands.add_parser("policy-test", help="run the policy's _test.rego files")
-    policy_test.add_argument("--policy-dir", default=_env("policy-dir"))
+    policy_test.add_argument("--policy-dir", default=_env("policy-dir"), help="Rego policy folder (default: packaged)")
     policy_test.add_argument(
         "--engine",
         choices=["embedded", "opa"],
         default="embedded",
-        help="embedded: the server's default engine; opa: OPA's own Go engine (what a real OPA server runs)",
+        help="embedded: the server's own engine; opa: OPA's own Go engine (what a real OPA server runs)",
     )
     policy_test.set_defaults(handler=command_policy_test)
+
+    console = commands.add_parser(
+        "console",
+        add_help=False,  # `console --help` is the console's own help
+        help="run the reviewer's web console (effect-ledger-console, from the client package's console "
+        "extra; docs/console.md); every argument after `console` is the console's: `console --help` lists them",
+    )
+    console.set_defaults(handler=command_console)
+    _document_environment(parser)
     return parser
 
 
+def _console_split(command_line: list[str]) -> tuple[list[str], list[str]] | None:
+    """``[--log-level L] console ARGS...`` -> (the part up to ``console``, ARGS); None for any
+    other command. ARGS are the console's own, passed on as they are (its --help too)."""
+    index = 0
+    while index < len(command_line) and command_line[index].startswith("-"):
+        option = command_line[index]
+        index += 1 if "=" in option or option in ("-h", "--help", "--version") else 2
+    if index < len(command_line) and command_line[index] == "console":
+        return command_line[: index + 1], command_line[index + 1 :]
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    try:
-        parser = build_parser()
-    except BadEnvironmentValue as error:
-        print(f"effect-ledger: {error}", file=sys.stderr)
-        return 2
+    parser = build_parser()
     command_line = list(sys.argv[1:] if argv is None else argv)
-    options = parser.parse_args(command_line)
+    console = _console_split(command_line)
+    options = parser.parse_args(console[0] if console else command_line)
+    options.console_arguments = console[1] if console else []
     if options.command is None:
         options = parser.parse_args(["serve", *(argv or [])])
         command_line = [*command_line, "serve"]
+    try:
+        _check_environment_numbers(options)
+    except BadEnvironmentValue as error:
+        print(f"effect-ledger: {error}", file=sys.stderr)
+        return 2
     try:
         logs.configure(
             getattr(options, "serve_log_format", None) or options.log_format,

@@ -379,19 +379,18 @@ def test_without_the_flag_there_is_one_worker_per_cpu(database, capsys):
         server.stop()
 
 
-def test_a_worker_that_cannot_start_fails_the_supervisor(database):
-    taken = socket.socket()
-    taken.bind(("127.0.0.1", 0))
-    taken.listen()  # without SO_REUSEPORT: no worker can join this port
-    try:
-        server = ServerProcess(database, workers=WORKERS, port=taken.getsockname()[1])
-        with pytest.raises(RuntimeError, match="server exited with 1"):
-            server.start()
-        log = full_log(server)
-        assert "worker 0 (pid" in log and "before serving; stopping the other workers" in log
-        assert "serving on port" not in log and "every worker stopped" in log
-    finally:
-        taken.close()
+def test_a_worker_that_cannot_start_fails_the_supervisor(database, tmp_path):
+    # A policy that does not parse: the supervisor starts the workers (a taken port it refuses
+    # itself, before any worker starts), and each worker fails while loading it.
+    policy_folder = tmp_path / "policy"
+    shutil.copytree(default_policy_dir(), policy_folder)
+    (policy_folder / "broken.rego").write_text("package effectledger.broken\n\nthis is not rego {\n")
+    server = ServerProcess(database, workers=WORKERS, extra_args=["--policy-dir", str(policy_folder)])
+    with pytest.raises(RuntimeError, match="server exited with 1"):
+        server.start()
+    log = full_log(server)
+    assert "before serving; stopping the other workers" in log
+    assert "serving on port" not in log and "every worker stopped" in log
 
 
 def test_a_worker_that_keeps_dying_stops_the_server_with_status_1(database):

@@ -3,14 +3,20 @@
 The image is the one deploy/Dockerfile builds (compose.yaml's name for it); replicas never
 migrate and the Job does; the probes ask grpc.health.v1 on the serving port; TLS and the
 database URL come from Secrets; the PDB and the Service select the server's pods and only them;
-pods run as the image's unprivileged user on a read-only root file system.
+pods run as the image's unprivileged user on a read-only root file system. And the image can
+be built: a wheel built from exactly the files its build stage copies holds the whole package.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shlex
+import shutil
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -182,3 +188,111 @@ def test_shutdown_fits_in_the_grace_period():
     serve = next(a for a in build_parser()._actions if a.__class__.__name__ == "_SubParsersAction").choices["serve"]
     drain = next(a.default for a in serve._actions if "--grace-seconds" in a.option_strings)
     assert DEPLOYMENT["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > seconds + drain
+
+
+# --- the image's build stage -----------------------------------------------------------------
+
+WHEEL_BUILD_TIMEOUT_SECONDS = 120
+
+
+def _dockerignore_pattern(pattern: str) -> re.Pattern[str]:
+    """A .dockerignore pattern as a regular expression over a path relative to the context
+    (Go's filepath.Match with ``**``: ``*`` and ``?`` stay within one path segment)."""
+    pieces, index = [], 0
+    while index < len(pattern):
+        if pattern.startswith("**/", index):
+            pieces.append("(?:.*/)?")
+            index += 3
+        elif pattern.startswith("**", index):
+            pieces.append(".*")
+            index += 2
+        elif pattern[index] == "*":
+            pieces.append("[^/]*")
+            index += 1
+        elif pattern[index] == "?":
+            pieces.append("[^/]")
+            index += 1
+        elif pattern[index] == "[":
+            end = pattern.index("]", index)
+            pieces.append(pattern[index : end + 1])
+            index = end + 1
+        else:
+            pieces.append(re.escape(pattern[index]))
+            index += 1
+    return re.compile("".join(pieces))
+
+
+def _in_build_context(relative: str, rules: list[tuple[bool, re.Pattern[str]]]) -> bool:
+    """Whether the file ``relative`` is sent to the builder: the last rule that matches it, or
+    one of its parent folders, decides (a ``!`` rule lets it in)."""
+    parts = relative.split("/")
+    prefixes = ["/".join(parts[: count + 1]) for count in range(len(parts))]
+    included = True
+    for negated, pattern in rules:
+        if any(pattern.fullmatch(prefix) for prefix in prefixes):
+            included = negated
+    return included
+
+
+def _build_stage_copies() -> list[tuple[list[str], str]]:
+    """The (sources, destination) of each COPY from the build context in the build stage."""
+    stage = DOCKERFILE.split("\nFROM ")[1]  # from the first FROM to the next
+    copies = []
+    for line in stage.splitlines():
+        words = line.split()
+        if words[:1] == ["COPY"] and not any(word.startswith("--from") for word in words):
+            copies.append((words[1:-1], words[-1]))
+    return copies
+
+
+def _copy_the_build_context(target: Path) -> None:
+    """Into ``target``, what the build stage's COPY lines put in its working directory."""
+    lines = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+    written = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    rules = [(line.startswith("!"), _dockerignore_pattern(line.removeprefix("!").strip("/"))) for line in written]
+    exceptions = [line.removeprefix("!") for line in written if line.startswith("!")]
+    context = set()
+    for folder, folders, names in os.walk(REPO):
+        at = Path(folder).relative_to(REPO).as_posix().removeprefix(".")
+        # Not into a folder that is left out and that no exception reaches into (.venv, .git).
+        folders[:] = [
+            name
+            for name in folders
+            if _in_build_context(f"{at}/{name}".lstrip("/"), rules)
+            or any(e.startswith(f"{at}/{name}/".lstrip("/")) for e in exceptions)
+        ]
+        context.update(f"{at}/{name}".lstrip("/") for name in names)
+    context = {relative for relative in context if _in_build_context(relative, rules)}
+    for sources, destination in _build_stage_copies():
+        for source in sources:
+            pattern = _dockerignore_pattern(source.strip("/"))
+            for relative in sorted(context):
+                head = relative.split("/", 1)
+                if pattern.fullmatch(relative):  # a file: into the destination folder
+                    copied = target / destination / Path(relative).name
+                elif pattern.fullmatch(head[0]) and len(head) == 2:  # a folder: its contents
+                    copied = target / destination / head[1]
+                else:
+                    continue
+                copied.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(REPO / relative, copied)
+
+
+def test_the_build_stage_copies_what_the_package_is_built_from(tmp_path):
+    source = tmp_path / "src"
+    _copy_the_build_context(source)
+    assert (source / "setup.py").is_file(), "setup.py discovers the packages: the image must copy it"
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), "."],
+        cwd=source,
+        capture_output=True,
+        text=True,
+        timeout=WHEEL_BUILD_TIMEOUT_SECONDS,
+    )
+    assert built.returncode == 0, built.stderr
+    (wheel,) = tmp_path.glob("effect_ledger-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"effect_ledger/cli.py", "effect_ledger/__main__.py", "effect_ledger/storage/migrations/env.py"} <= names
+    policies = {p.relative_to(REPO / "policy").as_posix() for p in (REPO / "policy").rglob("*.rego")}
+    assert policies
+    assert {f"effect_ledger/_policy/{name}" for name in policies} <= names

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import functools
 import logging
 import os
@@ -37,6 +36,7 @@ from effect_ledger.storage import repository as repo
 from effect_ledger.storage.dialect import database_now
 from effect_ledger.storage.engine import Database
 from effect_ledger.transport.guard import Guard
+from effect_ledger.transport.ports import CannotListen, check_port_free
 from effect_ledger.transport.servicers import (
     Application,
     GateServicer,
@@ -317,15 +317,11 @@ async def start_server(
     return running
 
 
-class CannotListen(Exception):
-    """The listening address cannot be bound: in use, not an address of this host, or malformed."""
-
-
 def _bind(server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredentials | None, reuse_port: bool) -> int:
     """Add the listening port; its number. A port in use is found here first, with a socket of
     our own, so the operator reads one line that says so rather than gRPC's generic failure."""
     if not reuse_port:
-        _check_port_free(listen)
+        check_port_free(listen)
     try:
         if credentials is None:
             port = server.add_insecure_port(listen)
@@ -336,31 +332,6 @@ def _bind(server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredenti
     if port == 0:  # older gRPC releases report a failed bind this way
         raise CannotListen(f"cannot listen on {listen}")
     return port
-
-
-def _check_port_free(listen: str) -> None:
-    """CannotListen when something on this host already listens on ``listen``'s port."""
-    host, _, port_text = listen.rpartition(":")
-    host = host.strip("[]")
-    if not port_text.isdigit() or int(port_text) == 0 or not host:
-        return  # gRPC decides: port 0 is always free, other forms are its to parse
-    try:
-        addresses = socket.getaddrinfo(host, int(port_text), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except OSError:
-        return  # an unresolvable name: gRPC's bind reports it
-    for family, kind, protocol, _, address in addresses:
-        with socket.socket(family, kind, protocol) as probe:
-            # As gRPC binds: a port whose last connections linger in TIME_WAIT is free.
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                probe.bind(address)
-            except OSError as error:
-                if error.errno == errno.EADDRINUSE:
-                    raise CannotListen(
-                        f"cannot listen on {listen}: the port is already in use (another effect-ledger, "
-                        "or another program; give a free --listen port)"
-                    ) from None
-                return  # another reason (an address not of this host, ...): gRPC's bind reports it
 
 
 async def serve_forever(settings: ServerSettings, database: Database, policy: PolicyEngine, reload_policy=None) -> None:

@@ -30,7 +30,12 @@ that accepted it, so a health check answers for the worker it reached.
   a delay that doubles with each restart of that worker in the last RESTART_WINDOW_SECONDS;
   when it exits again after RESTARTS_MAX restarts in that window, the supervisor stops every
   worker and exits 1 (a crash loop is for the service manager to see). A worker that cannot start at all
-  (bad configuration, a port taken) makes the supervisor stop the others and exit 1 at once.
+  (bad configuration, a port taken since the supervisor found it free) makes the supervisor stop
+  the others and exit 1 at once.
+- A port already in use: the supervisor binds a probe socket of its own (without SO_REUSEPORT)
+  before it starts any worker, and stops at once, exit 2, when the probe cannot bind, as a lone
+  server does. Without the check the workers of a second supervisor would join the first's
+  port through SO_REUSEPORT (the kernel allows it to processes of the same user).
 - The lease sweeper runs in worker 0 only, and in its replacement: one sweeper per host. So
   does the sampler of the ledger's gauges (``--metrics-listen``).
 - Metrics (``--metrics-listen``): the supervisor makes a folder, names it to its workers in
@@ -54,6 +59,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from effect_ledger.transport.ports import check_port_free
 
 if TYPE_CHECKING:  # for the types only: the supervisor needs none of these modules
     from effect_ledger.config import ServerSettings
@@ -361,7 +368,10 @@ def supervise(
     command: WorkerCommand, count: int, listen: str, port_file: str, grace_seconds: float, metrics_listen: str = ""
 ) -> int:
     """Run ``count`` workers until SIGTERM or SIGINT; the process's exit status. With
-    ``metrics_listen``, serve the workers' metrics there."""
+    ``metrics_listen``, serve the workers' metrics there. CannotListen, before any worker
+    starts, when the port is already in use (by another program, or shared through
+    SO_REUSEPORT by the workers of another supervisor, which these would otherwise join)."""
+    check_port_free(listen)
 
     async def main(metrics_folder: str | None) -> int:
         return await Supervisor(command, count, listen, port_file, grace_seconds, metrics_folder).run()
