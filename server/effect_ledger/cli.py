@@ -231,6 +231,8 @@ def _limits_problem(options: argparse.Namespace) -> str | None:
     ):
         if getattr(options, name) < 1:
             return f"--{name.replace('_', '-')} must be at least 1"
+    if options.calls_per_tenant_max < 0:
+        return "--calls-per-tenant-max must be 0 (a quarter of --maximum-concurrent-rpcs) or more"
     if options.stream_lifetime_max_seconds <= 0:
         return "--stream-lifetime-max-seconds must be positive"
     if options.retention_age_min_seconds < 1 or options.retention_interval_seconds < 0:
@@ -361,6 +363,7 @@ def command_serve(options: argparse.Namespace) -> int:
             requests_per_second_per_token=options.requests_per_second_per_token,
             request_burst_per_token=options.request_burst_per_token,
             streams_per_principal_max=options.streams_per_principal_max,
+            calls_per_tenant_max=options.calls_per_tenant_max or max(1, options.maximum_concurrent_rpcs // 4),
             stream_lifetime_max_seconds=options.stream_lifetime_max_seconds,
             open_approval_requests_per_tenant_max=options.open_approval_requests_per_tenant_max,
             artifacts_per_tenant_max=options.artifacts_per_tenant_max,
@@ -1064,6 +1067,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=_env_number("streams-per-principal-max", int, str(defaults.streams_per_principal_max)),
         help="open streams (WatchApprovals, ExportCheckpoint, ImportCheckpoint) per principal",
+    )
+    limits.add_argument(
+        "--calls-per-tenant-max",
+        type=int,
+        default=_env_number("calls-per-tenant-max", int, "0"),
+        help="calls (streams included) one tenant runs at once, counted once its token is checked "
+        "(0: a quarter of --maximum-concurrent-rpcs)",
     )
     limits.add_argument(
         "--stream-lifetime-max-seconds",

@@ -24,6 +24,12 @@ class Limits:
     # per server process; and the longest any stream lives (WatchApprovals then ends normally
     # and the client resumes from its cursor; the others end with DEADLINE_EXCEEDED).
     streams_per_principal_max: int = 8
+    # Calls (streams included) one tenant runs at once per server process, counted from the
+    # moment its token is checked: a quarter of the default --maximum-concurrent-rpcs (256), so
+    # one tenant's slow calls leave three quarters of the process to the others, and it takes
+    # four tenants at their cap to fill it. `serve` sets a quarter of its own
+    # --maximum-concurrent-rpcs unless --calls-per-tenant-max is given.
+    calls_per_tenant_max: int = 64
     stream_lifetime_max_seconds: float = 300.0
     # Calls per second per bearer token (token buckets, per server process; 0: unlimited),
     # and the burst a caller may spend at once.

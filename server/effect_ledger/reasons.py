@@ -359,6 +359,11 @@ ERROR_REASONS: tuple[ErrorReason, ...] = tuple(
                 ("SERVER_BUSY", "Retry after RetryInfo's delay: the server process runs its maximum of calls."),
                 ("STREAMS_EXHAUSTED", "Close another stream of this principal, or retry after RetryInfo's delay."),
                 (
+                    "TENANT_BUSY",
+                    "Retry after RetryInfo's delay: the tenant runs its maximum of calls (or of WatchApprovals "
+                    "streams) on the server process.",
+                ),
+                (
                     "WATCHERS_EXHAUSTED",
                     "Retry WatchApprovals later: the server process holds its maximum of streams.",
                 ),

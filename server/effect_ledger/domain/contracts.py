@@ -75,8 +75,10 @@ def check_target(value: str) -> str:
     return check_text(value, "target", required=True, length_max=TARGET_LENGTH_MAX)
 
 
-def validate_new_contract(contract: ToolContract) -> None:
-    """Refuse a contract whose terms are incomplete or contradict each other."""
+def validate_new_contract(contract: ToolContract, schema_problems: list[str] | None = None) -> None:
+    """Refuse a contract whose terms are incomplete or contradict each other. ``schema_problems``:
+    its arguments schema's problems, found already (``schemas.schema_problems``, in a worker
+    process); None: found here."""
     violations: list[FieldViolation] = []
     if not TOOL_NAME.fullmatch(contract.tool):
         violations.append(FieldViolation("contract.tool", "must match [A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}"))
@@ -111,7 +113,11 @@ def validate_new_contract(contract: ToolContract) -> None:
                 FieldViolation(f"contract.default_estimate.{dimension}", f"is {amount}; must be between 0 and 2^63-1")
             )
     if contract.arguments_schema is not None:
-        violations += schema_violations(contract.arguments_schema, "contract.arguments_schema_json")
+        field_name = "contract.arguments_schema_json"
+        if schema_problems is None:
+            violations += schema_violations(contract.arguments_schema, field_name)
+        else:
+            violations += [FieldViolation(field_name, problem) for problem in schema_problems]
     if violations:
         raise InvalidArgument(
             "; ".join(f"{v.field}: {v.description}" for v in violations),

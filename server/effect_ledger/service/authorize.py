@@ -4,6 +4,7 @@ events in one unit of work, or not at all."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -49,6 +50,7 @@ from effect_ledger.errors import (
     InvalidArgument,
     NotFound,
     PreconditionViolation,
+    Unavailable,
 )
 from effect_ledger.policy.engine import PolicyDecision, PolicyEngine
 from effect_ledger.service import approvals, argument_checks, budgets, schedules
@@ -64,12 +66,100 @@ from effect_ledger.storage.engine import UnitOfWork
 LEDGER_ENGINE = "ledger"
 
 
+# Tokens and tools this process remembers for early checks (least recently used forgotten).
+TOKENS_KNOWN_MAX = 10_000
+SCHEMAS_KNOWN_MAX = 64
+
+
 async def checked_arguments(contract: ToolContract, arguments: dict[str, Any], tenant_id: str) -> list[FieldViolation]:
     """The arguments' violations of the contract's schema, found by a worker process
     (``argument_checks``): the event loop serves every other call meanwhile."""
     return await argument_checks.CHECKER.violations(
         contract.arguments_schema, arguments, tenant_id, contract.tool, contract.revision
     )
+
+
+class KnownSchemas:
+    """What earlier calls of this process learned: the tenant of a token (by its hash; a
+    token belongs to one tenant for life), and the latest revision of a tenant's tool with an
+    arguments schema, as last read (a revision never changes; a newer one may exist, which the
+    unit of work finds)."""
+
+    def __init__(self) -> None:
+        self.tenants: OrderedDict[str, str] = OrderedDict()
+        self.schemas: OrderedDict[tuple[str, str], ToolContract] = OrderedDict()
+
+    def learn(self, token_hash: str, tenant_id: str, tool: str, current: ToolContract | None) -> None:
+        _remember(self.tenants, token_hash, tenant_id, TOKENS_KNOWN_MAX)
+        if current is not None and current.arguments_schema:
+            _remember(self.schemas, (tenant_id, tool), current, SCHEMAS_KNOWN_MAX)
+        else:
+            self.schemas.pop((tenant_id, tool), None)
+
+    def latest(self, token_hash: str, tool: str) -> tuple[str, ToolContract] | None:
+        tenant_id = self.tenants.get(token_hash)
+        contract = self.schemas.get((tenant_id, tool)) if tenant_id is not None else None
+        return None if tenant_id is None or contract is None else (tenant_id, contract)
+
+
+def _remember(entries: OrderedDict[Any, Any], key: Any, value: Any, size_max: int) -> None:
+    entries[key] = value
+    entries.move_to_end(key)
+    while len(entries) > size_max:
+        entries.popitem(last=False)
+
+
+KNOWN = KnownSchemas()
+
+
+@dataclass(frozen=True)
+class EarlyCheck:
+    """The arguments checked before AuthorizeEffect's unit of work began (which, on SQLite,
+    holds the database's one write lock), against the schema of ``revision`` of the tool, the
+    latest this process knew for the caller's tenant. Inside the unit the result stands only
+    for that tenant and that revision, still the latest; otherwise the check runs there as
+    before. ``revision`` 0: nothing was checked early."""
+
+    token_hash: str
+    tenant_id: str = ""
+    revision: int = 0
+    violations: tuple[FieldViolation, ...] = ()
+    refusal: InvalidArgument | FailedPrecondition | None = None
+
+
+async def early_check(request: AuthorizeRequest, arguments: dict[str, Any], token_hash: str) -> EarlyCheck:
+    """Check the arguments now if this process knows the caller's tenant and the schema of its
+    tool's latest revision (learned from earlier calls); no database read."""
+    known = KNOWN.latest(token_hash, request.tool)
+    if known is None:
+        return EarlyCheck(token_hash)
+    tenant_id, contract = known
+    try:
+        violations = await checked_arguments(contract, arguments, tenant_id)
+    except Unavailable:
+        return EarlyCheck(token_hash)  # checked (or refused) inside the unit, as before
+    except (InvalidArgument, FailedPrecondition) as refusal:
+        return EarlyCheck(token_hash, tenant_id, contract.revision, refusal=refusal)
+    return EarlyCheck(token_hash, tenant_id, contract.revision, tuple(violations))
+
+
+async def schema_verdict(
+    current: ToolContract, arguments: dict[str, Any], tenant_id: str, early: EarlyCheck | None
+) -> None:
+    """Refuse arguments that do not satisfy ``current``'s schema (a new effect only): the early
+    check's result when it was made for this tenant and this revision, otherwise a check now."""
+    if early is not None and early.revision == current.revision and early.tenant_id == tenant_id:
+        if early.refusal is not None:
+            raise early.refusal
+        violations = list(early.violations)
+    else:
+        violations = await checked_arguments(current, arguments, tenant_id)
+    if violations:
+        raise InvalidArgument(
+            "the arguments do not satisfy the tool's arguments schema",
+            reason="ARGUMENTS_SCHEMA_VIOLATION",
+            violations=violations,
+        )
 
 
 @dataclass(frozen=True)
@@ -209,9 +299,14 @@ class Authorizer:
     approval_settings: ApprovalSettings
 
     async def authorize(
-        self, unit: UnitOfWork, principal: Principal, request: AuthorizeRequest, arguments: dict[str, Any]
+        self,
+        unit: UnitOfWork,
+        principal: Principal,
+        request: AuthorizeRequest,
+        arguments: dict[str, Any],
+        early: EarlyCheck | None = None,
     ) -> AuthorizeResult:
-        facts = await self._intent_facts(unit, principal, request, arguments)
+        facts = await self._intent_facts(unit, principal, request, arguments, early)
         if facts.verdict.kind == VerdictKind.KEY_REUSED:
             await self._refuse_reused_key(unit, principal, request, facts.effect, facts.digest, facts.verdict)
         schedule = await schedules.for_gate(unit, principal.tenant_id, request.idempotency_key)
@@ -297,7 +392,12 @@ class Authorizer:
         )
 
     async def _intent_facts(
-        self, unit: UnitOfWork, principal: Principal, request: AuthorizeRequest, arguments: dict[str, Any]
+        self,
+        unit: UnitOfWork,
+        principal: Principal,
+        request: AuthorizeRequest,
+        arguments: dict[str, Any],
+        early: EarlyCheck | None,
     ) -> IntentFacts:
         """The run, the effect bound to the key (leases expired), the contracts, the digest, the verdict."""
         tenant = principal.tenant_id
@@ -307,6 +407,8 @@ class Authorizer:
             raise NotFound("run", request.run_id)
         effect = adopt_clock(unit, await repo.lock_effect_by_key(connection, tenant, request.idempotency_key))
         current = await repo.latest_contract(connection, tenant, request.tool)
+        if early is not None:
+            KNOWN.learn(early.token_hash, tenant, request.tool, current)
         if effect is not None:
             await expire_leases(unit, tenant, effect, principal.principal_id)
             pinned = (
@@ -321,13 +423,7 @@ class Authorizer:
         digest = intent_digest(tool=request.tool, tool_revision=revision, target=request.target, arguments=arguments)
         verdict = lifecycle.ledger_verdict(effect, pinned, digest)
         if verdict.kind == VerdictKind.NEW_EFFECT and current is not None and current.arguments_schema:
-            violations = await checked_arguments(current, arguments, tenant)
-            if violations:
-                raise InvalidArgument(
-                    "the arguments do not satisfy the tool's arguments schema",
-                    reason="ARGUMENTS_SCHEMA_VIOLATION",
-                    violations=violations,
-                )
+            await schema_verdict(current, arguments, tenant, early)
         if effect is None and run.parent_run_id:
             effect, verdict = await self._ancestor_verdict(unit, tenant, run, request, arguments, verdict)
             if effect is not None:

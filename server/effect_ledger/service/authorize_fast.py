@@ -32,14 +32,16 @@ from effect_ledger.domain.model import (
     Stage,
 )
 from effect_ledger.domain.tokens import check_certificate_binding
-from effect_ledger.errors import InvalidArgument, NotFound, PermissionDenied, Unauthenticated
+from effect_ledger.errors import NotFound, PermissionDenied, Unauthenticated
 from effect_ledger.observability import calls
 from effect_ledger.service.authorize import (
+    KNOWN,
     AuthorizeRequest,
     AuthorizeResult,
-    checked_arguments,
+    EarlyCheck,
     decide,
     policy_input_of,
+    schema_verdict,
 )
 from effect_ledger.service.gate import Gate
 from effect_ledger.storage import gate_store
@@ -69,11 +71,17 @@ def authenticated(principal: Principal | None, roles: frozenset[Role], peer_subj
 
 
 async def _intent_facts(
-    facts: gate_store.AuthorizeFacts, request: AuthorizeRequest, arguments: dict[str, Any], tenant_id: str
+    facts: gate_store.AuthorizeFacts,
+    request: AuthorizeRequest,
+    arguments: dict[str, Any],
+    tenant_id: str,
+    early: EarlyCheck | None,
 ) -> IntentFacts:
     """As ``Gate._intent_facts``, from facts already read."""
     run, effect, current = facts.run, facts.effect, facts.current
     assert run is not None and facts.now is not None
+    if early is not None:
+        KNOWN.learn(early.token_hash, tenant_id, request.tool, current)
     if effect is not None:
         if any(lifecycle.lease_expired(attempt, facts.now) for attempt in effect.attempts):
             raise Fallback("a lease ran out: the general path records the expiry")
@@ -90,13 +98,7 @@ async def _intent_facts(
     if verdict.kind == VerdictKind.KEY_REUSED:
         raise Fallback("a reused key: the general path records the refusal")
     if verdict.kind == VerdictKind.NEW_EFFECT and current is not None and current.arguments_schema:
-        violations = await checked_arguments(current, arguments, tenant_id)
-        if violations:
-            raise InvalidArgument(
-                "the arguments do not satisfy the tool's arguments schema",
-                reason="ARGUMENTS_SCHEMA_VIOLATION",
-                violations=violations,
-            )
+        await schema_verdict(current, arguments, tenant_id, early)
     intent = Intent(run.run_id, request.tool, revision, digest)
     return IntentFacts(
         run,
@@ -119,6 +121,7 @@ async def authorize(
     request: AuthorizeRequest,
     arguments: dict[str, Any],
     peer_subject: str | None = None,
+    early: EarlyCheck | None = None,
 ) -> AuthorizeResult:
     limits = gate.limits
     custom = bool(set(request.estimate) - budget_rules.STANDARD_DIMENSIONS)
@@ -142,7 +145,7 @@ async def authorize(
         raise Fallback("the key has an open scheduled intent: the general path judges and consumes it")
     now = facts.now
     assert now is not None
-    intent = await _intent_facts(facts, request, arguments, principal.tenant_id)
+    intent = await _intent_facts(facts, request, arguments, principal.tenant_id, early)
     if any(b.period_ends_at is not None and b.period_ends_at <= now for b in facts.budgets):
         raise Fallback("a budget period ended: the general path rolls it over")
     contract = intent.pinned or intent.current

@@ -12,9 +12,13 @@ from effect_ledger.storage.engine import UnitOfWork
 
 
 async def put_contract(
-    unit: UnitOfWork, principal: Principal, proposed: ToolContract, expected_revision: int | None
+    unit: UnitOfWork,
+    principal: Principal,
+    proposed: ToolContract,
+    expected_revision: int | None,
+    schema_problems: list[str] | None = None,
 ) -> ToolContract:
-    validate_new_contract(proposed)
+    validate_new_contract(proposed, schema_problems)
     latest = await repo.latest_contract(unit.connection, principal.tenant_id, proposed.tool)
     current_revision = latest.revision if latest is not None else 0
     if expected_revision is not None and expected_revision != current_revision:

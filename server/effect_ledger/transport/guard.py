@@ -8,9 +8,19 @@
   unauthenticated caller learns nothing but UNAUTHENTICATED.
 - **Admission.** Each bearer token makes at most ``Limits.requests_per_second_per_token``
   calls a second (bursts of ``request_burst_per_token``), at most ``maximum_concurrent_rpcs``
-  calls run at once in this process, and at most ``Limits.streams_per_principal_max`` streams
-  per principal; the rest get RESOURCE_EXHAUSTED with RetryInfo. All three are counted per
-  server process. Health checks and reflection are never counted or refused.
+  calls run at once in this process, at most ``Limits.calls_per_tenant_max`` of them for one
+  tenant, at most ``Limits.streams_per_principal_max`` streams per principal, and at most
+  ``WATCHERS_PER_TENANT_MAX`` WatchApprovals streams per tenant; the rest get
+  RESOURCE_EXHAUSTED with RetryInfo. All are counted per server process. Health checks and
+  reflection are never counted or refused.
+- **A tenant's share.** A call's tenant is known only once its token is checked (by the guard
+  for a stream; inside the call's unit of work, or a fast path's first round trip, for a unary
+  call). At that moment (``authenticated_as``, ``calls.identify``: both set the call state's
+  tenant) the call takes one of its tenant's slots, or is refused with TENANT_BUSY; it gives
+  the slot back when it ends, however it ends. So one tenant's slow calls hold at most its
+  share of the process's slots, never all of them. A token this process has seen check out
+  takes its tenant's slot at admission already, when one is free (``GuardedCall.claim``), so
+  the work a call does before its unit of work counts too.
 - **Deadlines.** A call without a deadline gets the default one; no stream outlives
   ``Limits.stream_lifetime_max_seconds``: WatchApprovals then ends normally (the client resumes
   from its cursor), the others end with DEADLINE_EXCEEDED.
@@ -50,7 +60,7 @@ from effect_ledger.errors import (
 from effect_ledger.observability import calls, logs, tracing
 from effect_ledger.observability.calls import REQUEST_ID_KEY, CallState
 from effect_ledger.observability.observer import Observer
-from effect_ledger.storage import round_trips
+from effect_ledger.storage import notifications, round_trips
 from effect_ledger.transport import peer, status
 
 log = logging.getLogger(__name__)
@@ -70,6 +80,11 @@ RESUMABLE_STREAMS = frozenset(
 )
 TOKEN_LENGTH_MAX = 512
 BUSY_RETRY_MS = 200
+WATCH_APPROVALS = "/effectledger.v1.Approvals/WatchApprovals"
+# WatchApprovals streams one tenant may hold in a process: half of the process's watchers, so
+# that one tenant (with many principals, and a --calls-per-tenant-max raised past it) never
+# holds every one.
+WATCHERS_PER_TENANT_MAX = notifications.WATCHERS_MAX // 2
 STREAMS_RETRY_MS = 5000
 # Token buckets kept per process (the least recently used beyond this are forgotten: a
 # forgotten caller starts again with a full bucket).
@@ -107,13 +122,88 @@ class RateLimiter:
         return waiting
 
 
+class TenantSlots:
+    """Calls in flight per tenant in this process, at most ``cap`` each."""
+
+    def __init__(self, cap: int, what: str = "calls", setting: str = "calls_per_tenant_max") -> None:
+        self.cap = max(1, cap)
+        self.what = what
+        self.setting = setting
+        self.counts: dict[str, int] = {}
+
+    def take(self, tenant_id: str) -> None:
+        """One more for the tenant, or TENANT_BUSY when it holds its cap."""
+        held = self.counts.get(tenant_id, 0)
+        if held >= self.cap:
+            raise ResourceExhausted(
+                f"a tenant runs at most {self.cap} {self.what} at once on each server process; retry shortly",
+                subject=f"tenants/{tenant_id}/{self.what.replace(' ', '-')}",
+                retry_after_ms=BUSY_RETRY_MS,
+                reason="TENANT_BUSY",
+                metadata={self.setting: str(self.cap)},
+            )
+        self.counts[tenant_id] = held + 1
+
+    def give_back(self, tenant_id: str) -> None:
+        left = self.counts[tenant_id] - 1
+        if left:
+            self.counts[tenant_id] = left
+        else:
+            del self.counts[tenant_id]
+
+
+class GuardedCall(CallState):
+    """A guarded call's state. The first time its tenant is set (the call's token checked out,
+    on whatever path), the call takes one of the tenant's slots, or the setting raises
+    TENANT_BUSY; ``release`` gives the slot back and ends the counting (the guard's own
+    identification of a failed call, afterwards, takes nothing)."""
+
+    def __init__(self, method: str, request_id: str, tenants: TenantSlots | None) -> None:
+        self._tenant_id = ""
+        self._tenants = tenants
+        self._held: str | None = None
+        super().__init__(method=method, request_id=request_id)
+
+    @property  # type: ignore[override]
+    def tenant_id(self) -> str:
+        return self._tenant_id
+
+    @tenant_id.setter
+    def tenant_id(self, value: str) -> None:
+        self._tenant_id = value
+        if not value or self._tenants is None or self._held == value:
+            return
+        if self._held is not None:  # claimed for another tenant: a hint that was wrong
+            self._tenants.give_back(self._held)
+            self._held = None
+        self._tenants.take(value)
+        self._held = value
+
+    def claim(self, tenant_id: str) -> None:
+        """Before the token is checked: take a slot of the tenant the token belonged to when
+        last checked, if one is free (the work a call does before its unit of work, such as an
+        early argument check, then counts too). A full tenant refuses nothing here: the call is
+        refused once its token is checked, so a caller whose token is no longer valid hears
+        UNAUTHENTICATED, not how busy its former tenant is."""
+        if self._tenants is None or self._held is not None:
+            return
+        with contextlib.suppress(ResourceExhausted):
+            self._tenants.take(tenant_id)
+            self._held = tenant_id
+
+    def release(self) -> None:
+        if self._tenants is not None and self._held is not None:
+            self._tenants.give_back(self._held)
+        self._tenants, self._held = None, None
+
+
 def authenticated_as(principal: Principal) -> None:
     """The call in progress has authenticated (its errors may now speak of its request)."""
     state = calls.current.get()
     if state is not None:
         state.principal_id = principal.principal_id
-        state.tenant_id = principal.tenant_id
         state.caller_id = principal.principal_id
+        state.tenant_id = principal.tenant_id  # last: it may refuse the call (GuardedCall)
 
 
 def bearer_token(metadata: Any) -> str | None:
@@ -152,6 +242,11 @@ class Guard(grpc.aio.ServerInterceptor):
         self.rates = RateLimiter(limits.requests_per_second_per_token, limits.request_burst_per_token)
         self.in_flight = 0
         self.streams: dict[str, int] = {}
+        self.tenants = TenantSlots(limits.calls_per_tenant_max)
+        # The tenant of each token that checked out recently (by the token's hash; the least
+        # recently used beyond RATE_BUCKETS_MAX forgotten): a token belongs to one tenant for life.
+        self.token_tenants: OrderedDict[bytes, str] = OrderedDict()
+        self.watchers = TenantSlots(WATCHERS_PER_TENANT_MAX, "WatchApprovals streams", "watchers_per_tenant_max")
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
@@ -188,7 +283,9 @@ class Guard(grpc.aio.ServerInterceptor):
     # --- admission ------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _admitted(self, token: str | None):
+    def _admitted(self, token: str | None, state: GuardedCall):
+        """The call's global slot; its tenant's slot is taken once its tenant is known
+        (``GuardedCall``) and given back here with the global one."""
         if token is not None:
             wait_ms = self.rates.wait_ms(token)
             if wait_ms:
@@ -208,10 +305,31 @@ class Guard(grpc.aio.ServerInterceptor):
                 metadata={"maximum_concurrent_rpcs": str(self.maximum_concurrent_rpcs)},
             )
         self.in_flight += 1
+        key = hashlib.sha256(token.encode("utf-8")).digest() if token is not None else None
+        hinted = self.token_tenants.get(key) if key is not None else None
+        if hinted is not None:
+            state.claim(hinted)
         try:
             yield
         finally:
             self.in_flight -= 1
+            state.release()
+            if key is not None and state.caller_id and state.tenant_id:  # its token checked out
+                self.token_tenants[key] = state.tenant_id
+                self.token_tenants.move_to_end(key)
+                while len(self.token_tenants) > RATE_BUCKETS_MAX:
+                    self.token_tenants.popitem(last=False)
+
+    @contextlib.contextmanager
+    def _watcher_slot(self, method: str, principal: Principal):
+        if method != WATCH_APPROVALS:
+            yield
+            return
+        self.watchers.take(principal.tenant_id)
+        try:
+            yield
+        finally:
+            self.watchers.give_back(principal.tenant_id)
 
     @contextlib.contextmanager
     def _stream_slot(self, principal: Principal):
@@ -241,6 +359,17 @@ class Guard(grpc.aio.ServerInterceptor):
         principal = await self.authenticate(token, peer.client_subject(context))
         authenticated_as(principal)
         return principal
+
+    def _begin(self, name: str, call: tuple[str, str]) -> GuardedCall:
+        """A new call: its method name for the fault points, and its state (full method name,
+        request id; counted against its tenant's slots once its tenant is known), in this
+        task's context."""
+        faults.current_method.set(name)
+        state = GuardedCall(call[0], call[1], self.tenants)
+        if tracing.enabled():
+            state.trace_id = tracing.annotate_call(state.request_id)
+        calls.current.set(state)
+        return state
 
     # --- errors ---------------------------------------------------------------------------
 
@@ -311,11 +440,11 @@ class Guard(grpc.aio.ServerInterceptor):
 
     def _unary(self, inner, name: str, token: str | None, call: tuple[str, str]):
         async def guarded(request, context):
-            state = _begin(name, call)
+            state = self._begin(name, call)
             async with self._answering(context, token, state, name):
                 if token is None:
                     raise missing_token()
-                with self._admitted(token):
+                with self._admitted(token, state):
                     response = await self._within(inner(request, context), self._deadline(context), name)
                 faults.crash_point("after_commit")
                 state.response = response
@@ -329,13 +458,13 @@ class Guard(grpc.aio.ServerInterceptor):
         lifetime = self.limits.stream_lifetime_max_seconds
 
         async def guarded(request, context):
-            state = _begin(name, call)
+            state = self._begin(name, call)
             responses: AsyncIterator[Any] | None = None
             async with self._answering(context, token, state, name):
                 try:
-                    with self._admitted(token):
+                    with self._admitted(token, state):
                         principal = await self._stream_principal(token, context)
-                        with self._stream_slot(principal):
+                        with self._stream_slot(principal), self._watcher_slot(method, principal):
                             seconds = lifetime if resumable else self._deadline(context, lifetime)
                             loop = asyncio.get_running_loop()
                             ends_at = None if seconds is None else loop.time() + seconds
@@ -368,9 +497,9 @@ class Guard(grpc.aio.ServerInterceptor):
         lifetime = self.limits.stream_lifetime_max_seconds
 
         async def guarded(request_iterator, context):
-            state = _begin(name, call)
+            state = self._begin(name, call)
             async with self._answering(context, token, state, name):
-                with self._admitted(token):
+                with self._admitted(token, state):
                     # Before a single request message is read.
                     principal = await self._stream_principal(token, context)
                     with self._stream_slot(principal):
@@ -379,17 +508,6 @@ class Guard(grpc.aio.ServerInterceptor):
                         return await self._within(streamed, seconds, name)
 
         return guarded
-
-
-def _begin(name: str, call: tuple[str, str]) -> CallState:
-    """A new call: its method name for the fault points, and its state (full method name,
-    request id), in this task's context."""
-    faults.current_method.set(name)
-    state = CallState(method=call[0], request_id=call[1])
-    if tracing.enabled():
-        state.trace_id = tracing.annotate_call(state.request_id)
-    calls.current.set(state)
-    return state
 
 
 def _answer(error: LedgerError, state: CallState) -> grpc.Status:

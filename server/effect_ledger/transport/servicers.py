@@ -15,9 +15,9 @@ from effect_ledger.domain.lifecycle import Report, ReportKind
 from effect_ledger.domain.model import Principal, Role
 from effect_ledger.domain.tokens import check_certificate_binding, token_hash
 from effect_ledger.errors import InvalidArgument, PermissionDenied, Unauthenticated
-from effect_ledger.service import authorize_fast, queries, replay, reports_fast, runs, tools
+from effect_ledger.service import argument_checks, authorize_fast, queries, replay, reports_fast, runs, tools
 from effect_ledger.service.attempts import parse_lookup, parse_receipt
-from effect_ledger.service.authorize import AuthorizeRequest, validate_authorize
+from effect_ledger.service.authorize import AuthorizeRequest, early_check, validate_authorize
 from effect_ledger.service.gate import Gate
 from effect_ledger.storage import repository as repo
 from effect_ledger.storage.engine import Database, UnitOfWork
@@ -137,10 +137,17 @@ class ToolRegistryServicer(tools_pb2_grpc.ToolRegistryServicer):
     async def PutToolContract(self, request, context):
         proposed = mapping.contract_from_proto(request.contract)
         expected = request.expected_revision if request.HasField("expected_revision") else None
+        allowed = roles.of("ToolRegistry", "PutToolContract")
+        problems = None
+        if proposed.arguments_schema is not None:
+            # Checked in a worker process before the unit of work (RE2 compiles each pattern: the
+            # largest schema the limits allow takes up to seconds), once the caller is known.
+            principal = await self.app.authenticate(bearer_token(context), peer.client_subject(context))
+            guard.authenticated_as(principal)
+            if principal.has_any(allowed):
+                problems = await argument_checks.CHECKER.schema_problems(proposed.arguments_schema, principal.tenant_id)
         contract = await self.app.call(
-            context,
-            roles.of("ToolRegistry", "PutToolContract"),
-            lambda unit, principal: tools.put_contract(unit, principal, proposed, expected),
+            context, allowed, lambda unit, principal: tools.put_contract(unit, principal, proposed, expected, problems)
         )
         return mapping.contract_to_proto(contract)
 
@@ -254,12 +261,21 @@ class GateServicer(gate_pb2_grpc.GateServicer):
             begin_dispatched=request.begin_dispatched,
         )
         arguments = validate_authorize(command, self.app.limits)
+        # Before any transaction: a costly check never holds the database (service/authorize.py).
+        early = await early_check(command, arguments, token_hash(bearer_token(context)))
         if self.app.database.dialect == "postgresql":
             try:
                 result = await self.app.call_driver(
                     context,
                     lambda driver, hashed, subject: authorize_fast.authorize(
-                        self.gate, driver, hashed, roles.of("Gate", "AuthorizeEffect"), command, arguments, subject
+                        self.gate,
+                        driver,
+                        hashed,
+                        roles.of("Gate", "AuthorizeEffect"),
+                        command,
+                        arguments,
+                        subject,
+                        early,
                     ),
                 )
                 return mapping.authorize_response(result)
@@ -268,7 +284,7 @@ class GateServicer(gate_pb2_grpc.GateServicer):
         result = await self.app.call(
             context,
             roles.of("Gate", "AuthorizeEffect"),
-            lambda unit, principal: self.gate.authorize(unit, principal, command, arguments),
+            lambda unit, principal: self.gate.authorize(unit, principal, command, arguments, early),
         )
         return mapping.authorize_response(result)
 
