@@ -29,6 +29,10 @@ from effect_ledger.errors import InvalidArgument
 SAFE_INTEGER_MAX = 2**53 - 1
 DEPTH_MAX = 32
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# Text decoded strictly from UTF-8 holds no surrogate; a parsed value holds one only from a
+# ``\ud800``-``\udfff`` escape (a valid pair becomes one code point). Without such an escape in
+# the text (searched at C speed) the value need not be walked.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 class _Refused(ValueError):
@@ -87,18 +91,21 @@ _DECODER = json.JSONDecoder(
 
 
 def _depth(value: Any) -> int:
-    """Nesting depth, computed without recursion."""
+    """Nesting depth, computed without recursion (only objects and arrays nest: a number or
+    string inside the innermost one adds no level, and only containers are visited)."""
+    if type(value) is not dict and type(value) is not list:
+        return 0
     deepest = 0
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, level = stack.pop()
-        # Only objects and arrays nest; a number or string inside the innermost one adds no level.
-        if isinstance(item, dict):
-            deepest = max(deepest, level)
-            stack.extend((child, level + 1) for child in item.values())
-        elif isinstance(item, list):
-            deepest = max(deepest, level)
-            stack.extend((child, level + 1) for child in item)
+        if level > deepest:
+            deepest = level
+        deeper = level + 1
+        for child in item.values() if type(item) is dict else item:
+            kind = type(child)
+            if kind is dict or kind is list:
+                stack.append((child, deeper))
     return deepest
 
 
@@ -153,7 +160,7 @@ def parse_json(
         raise InvalidArgument.field(field, "must be a JSON object", reason="JSON_NOT_OBJECT")
     if _depth(value) > DEPTH_MAX:
         raise InvalidArgument.field(field, f"nests deeper than {DEPTH_MAX} levels", reason="JSON_TOO_DEEP")
-    if _has_lone_surrogate(value):
+    if _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(value):
         # RFC 8785 cannot serialize it (and it has no UTF-8 form): refuse it here, not later.
         raise InvalidArgument.field(
             field,

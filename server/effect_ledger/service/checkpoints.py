@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -30,7 +31,7 @@ from effect_ledger.storage import approval_store, budget_store, key_store, sched
 from effect_ledger.storage import checkpoint_store as store
 from effect_ledger.storage import repository as repo
 from effect_ledger.storage.checkpoint_store import CheckpointRecord
-from effect_ledger.storage.engine import UnitOfWork
+from effect_ledger.storage.engine import Database, UnitOfWork
 
 SECTION_ROWS_MAX = 1000
 ARTIFACT_CONTENT_MAX_BYTES = 2 * 1024 * 1024
@@ -554,6 +555,50 @@ def export_archive(record: CheckpointRecord, key: signing.KeyPair | None) -> byt
     return rules.build_archive(files, signing.sign(key.private_pem, manifest_bytes) if key is not None else None)
 
 
+@dataclass(frozen=True)
+class CheckedArchive:
+    """An archive verified before the import's unit of work, for ``tenant_id``, against
+    ``trusted`` (the keys the deployment trusted then)."""
+
+    verified: rules.VerifiedArchive
+    tenant_id: str
+    trusted: dict[str, str]
+
+
+def _verify_import(
+    data: bytes, tenant_id: str, trusted: dict[str, str], expected_manifest_digest: str, allow_unsigned: bool
+) -> rules.VerifiedArchive:
+    if expected_manifest_digest:
+        rules.check_digest(expected_manifest_digest, "expected_manifest_digest")
+    return rules.verify_archive(
+        data,
+        tenant_id=tenant_id,
+        trusted_keys=trusted,
+        allow_unsigned=allow_unsigned,
+        expected_manifest_digest=expected_manifest_digest,
+    )
+
+
+async def check_archive(
+    database: Database,
+    tenant_id: str,
+    data: bytes,
+    keys: KeySettings,
+    expected_manifest_digest: str = "",
+    allow_unsigned: bool = False,
+) -> CheckedArchive:
+    """Verify an archive before its import's unit of work, on a thread: parsing a large one
+    takes a second or more of pure Python, which would otherwise hold the event loop (every
+    other call of the process) and, inside the unit, the database (SQLite's one write lock).
+    On the thread the event loop still runs between the interpreter's switches. Raises the
+    refusal ``import_archive`` would raise."""
+    trusted = await database.run(lambda unit: trusted_keys(unit, keys), read_clock=False)
+    verified = await asyncio.to_thread(
+        _verify_import, data, tenant_id, trusted, expected_manifest_digest, allow_unsigned
+    )
+    return CheckedArchive(verified, tenant_id, trusted)
+
+
 async def import_archive(
     unit: UnitOfWork,
     principal: Principal,
@@ -561,6 +606,7 @@ async def import_archive(
     keys: KeySettings,
     expected_manifest_digest: str = "",
     allow_unsigned: bool = False,
+    checked: CheckedArchive | None = None,
 ) -> CheckpointRecord:
     """Verify everything first; then write the run (if new), the checkpoint, and a derived
     current-format checkpoint when the archive is of an older format.
@@ -569,16 +615,15 @@ async def import_archive(
     or beside the run's own checkpoints. Any other archive (unsigned, or signed by a key this
     deployment does not trust) is refused, unless an admin asks for it explicitly
     (``allow_unsigned``), and even then only as a new run: it never attaches to an existing one.
+
+    ``checked``: the archive as ``check_archive`` verified it before this unit; it stands when it
+    was verified for this tenant against the keys trusted now (otherwise it is verified again).
     """
-    if expected_manifest_digest:
-        rules.check_digest(expected_manifest_digest, "expected_manifest_digest")
-    verified = rules.verify_archive(
-        data,
-        tenant_id=principal.tenant_id,
-        trusted_keys=await trusted_keys(unit, keys),
-        allow_unsigned=allow_unsigned,
-        expected_manifest_digest=expected_manifest_digest,
-    )
+    trusted = await trusted_keys(unit, keys)
+    if checked is not None and checked.tenant_id == principal.tenant_id and checked.trusted == trusted:
+        verified = checked.verified
+    else:
+        verified = _verify_import(data, principal.tenant_id, trusted, expected_manifest_digest, allow_unsigned)
     signer = verified.signer
     run_id = verified.manifest["run_id"]
     check_identifier(run_id, "manifest.json: run_id")

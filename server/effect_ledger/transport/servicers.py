@@ -137,17 +137,18 @@ class ToolRegistryServicer(tools_pb2_grpc.ToolRegistryServicer):
     async def PutToolContract(self, request, context):
         proposed = mapping.contract_from_proto(request.contract)
         expected = request.expected_revision if request.HasField("expected_revision") else None
-        allowed = roles.of("ToolRegistry", "PutToolContract")
         problems = None
         if proposed.arguments_schema is not None:
             # Checked in a worker process before the unit of work (RE2 compiles each pattern: the
             # largest schema the limits allow takes up to seconds), once the caller is known.
             principal = await self.app.authenticate(bearer_token(context), peer.client_subject(context))
             guard.authenticated_as(principal)
-            if principal.has_any(allowed):
+            if principal.has_any(roles.of("ToolRegistry", "PutToolContract")):
                 problems = await argument_checks.CHECKER.schema_problems(proposed.arguments_schema, principal.tenant_id)
         contract = await self.app.call(
-            context, allowed, lambda unit, principal: tools.put_contract(unit, principal, proposed, expected, problems)
+            context,
+            roles.of("ToolRegistry", "PutToolContract"),
+            lambda unit, principal: tools.put_contract(unit, principal, proposed, expected, problems),
         )
         return mapping.contract_to_proto(contract)
 
