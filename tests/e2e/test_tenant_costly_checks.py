@@ -51,6 +51,34 @@ def costly_arguments() -> bytes:
     return json.dumps({"x": nested}).encode()
 
 
+def bystander_latencies(server: ServerProcess, tenant, work, what: str) -> list[float]:
+    """The latencies of ``tenant``'s CreateRun calls, one after another, while ``work`` runs on
+    a thread (connected and warm before it starts)."""
+    done = threading.Event()
+
+    def run_work() -> None:
+        try:
+            work()
+        finally:
+            done.set()
+
+    with tenant.client(server, "agent", timeout_seconds=BYSTANDER_TIMEOUT_SECONDS) as bystander:
+        new_run(bystander)
+        working = threading.Thread(target=run_work)
+        working.start()
+        latencies: list[float] = []
+        while not done.is_set():
+            began = time.monotonic()
+            new_run(bystander)
+            latencies.append(time.monotonic() - began)
+        working.join(60)
+    print(
+        f"\ntenant B's CreateRun during {what}: {len(latencies)} calls, median "
+        f"{statistics.median(latencies) * 1000:.1f} ms, slowest {max(latencies) * 1000:.1f} ms"
+    )
+    return latencies
+
+
 def test_costly_checks_of_one_tenant_do_not_hold_another_tenants_writes(sqlite_server, sqlite_url):
     flooding, other = new_tenant(sqlite_url), new_tenant(sqlite_url)
     with flooding.client(sqlite_server, "admin") as admin:
@@ -157,7 +185,6 @@ def test_registering_the_costliest_schema_holds_no_other_call(sqlite_server, sql
     assert len(expected) == 10  # the first ten problems are reported
     flooding, other = new_tenant(sqlite_url), new_tenant(sqlite_url)
     refusals: list[LedgerError] = []
-    done = threading.Event()
 
     def register() -> None:
         with flooding.client(sqlite_server, "admin", timeout_seconds=30) as admin:
@@ -166,21 +193,8 @@ def test_registering_the_costliest_schema_holds_no_other_call(sqlite_server, sql
                     admin.tools.PutToolContract(contract(arguments_schema_json=json.dumps(schema).encode()))
                 except LedgerError as error:
                     refusals.append(error)
-        done.set()
 
-    with other.client(sqlite_server, "agent", timeout_seconds=BYSTANDER_TIMEOUT_SECONDS) as bystander:
-        new_run(bystander)
-        registering = threading.Thread(target=register)
-        registering.start()
-        latencies: list[float] = []
-        while not done.is_set():
-            began = time.monotonic()
-            new_run(bystander)
-            latencies.append(time.monotonic() - began)
-        registering.join(30)
-    print(
-        f"\ntenant B's CreateRun during 2 registrations: {len(latencies)} calls, slowest {max(latencies) * 1000:.1f} ms"
-    )
+    latencies = bystander_latencies(sqlite_server, other, register, "2 registrations")
     assert len(refusals) == 2
     for refusal in refusals:
         assert refusal.reason == "INVALID_TOOL_CONTRACT"
@@ -235,7 +249,6 @@ def test_importing_a_large_archive_holds_no_other_call(sqlite_server, sqlite_url
     importing, other = new_tenant(sqlite_url), new_tenant(sqlite_url)
     data = large_archive(importing.name)
     refusals: list[LedgerError] = []
-    done = threading.Event()
 
     def chunks():
         for offset in range(0, len(data), MIB):
@@ -243,31 +256,15 @@ def test_importing_a_large_archive_holds_no_other_call(sqlite_server, sqlite_url
 
     def load() -> None:
         metadata = (("authorization", f"Bearer {importing.tokens['admin']}"),)
-        try:
-            with grpc.insecure_channel(sqlite_server.target) as channel:
-                stub = checkpoints_pb2_grpc.CheckpointsStub(channel)
-                for _ in range(2):
-                    try:
-                        stub.ImportCheckpoint(chunks(), metadata=metadata, timeout=60)
-                    except grpc.RpcError as error:
-                        refusals.append(error_from_rpc(error))
-        finally:
-            done.set()
+        with grpc.insecure_channel(sqlite_server.target) as channel:
+            stub = checkpoints_pb2_grpc.CheckpointsStub(channel)
+            for _ in range(2):
+                try:
+                    stub.ImportCheckpoint(chunks(), metadata=metadata, timeout=60)
+                except grpc.RpcError as error:
+                    refusals.append(error_from_rpc(error))
 
-    with other.client(sqlite_server, "agent", timeout_seconds=BYSTANDER_TIMEOUT_SECONDS) as bystander:
-        new_run(bystander)
-        loading = threading.Thread(target=load)
-        loading.start()
-        latencies: list[float] = []
-        while not done.is_set():
-            began = time.monotonic()
-            new_run(bystander)
-            latencies.append(time.monotonic() - began)
-        loading.join(60)
-    print(
-        f"\ntenant B's CreateRun during 2 imports: {len(latencies)} calls, median "
-        f"{statistics.median(latencies) * 1000:.1f} ms, slowest {max(latencies) * 1000:.1f} ms"
-    )
+    latencies = bystander_latencies(sqlite_server, other, load, "2 imports")
     assert len(refusals) == 2
     for refusal in refusals:
         assert refusal.reason == "ARCHIVE_INVALID", refusal
