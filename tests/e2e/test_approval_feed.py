@@ -51,6 +51,11 @@ IDLE_WINDOWS_MAX = 3
 # xact_rollback, never in xact_commit) besides what these tests do. One pooled connection keeps
 # PostgreSQL's statistics prompt (see the idle test).
 QUIET_SERVER_ARGS = [
+    # A tenant's share of the calls (a quarter of the process's by default) is tested apart
+    # (test_tenant_fairness.py); here a tenant's streams fill half of the watchers and its
+    # reviewer still decides.
+    "--calls-per-tenant-max",
+    "256",
     "--lease-sweep-interval-seconds",
     "3600",
     "--scheduler-interval-seconds",
@@ -300,33 +305,40 @@ def test_idle_streams_make_no_database_transactions_and_the_streams_are_bounded(
     counters when it ends a transaction a second or more after its last flush (otherwise up to
     10 s later), and the health monitor's SELECT 1 (rolled back, so not itself counted in
     xact_commit) ends one on that connection every second. The control at the end shows the
-    count is not blind: one decision wakes every stream, and each re-read is a committed
-    transaction.
+    count is not blind: one decision in each tenant wakes every stream, and each re-read is a
+    committed transaction.
     """
     url, (server, _second), _tenant = pair
-    tenant = new_tenant(url)  # its events start at 1
+    # A tenant holds at most half of a process's watchers: two tenants fill it. Their events
+    # start at 1.
+    tenants = [new_tenant(url), new_tenant(url)]
     streams: list = []
     clients: list = []
     try:
-        with tenant.client(server, "admin") as admin, tenant.client(server, "agent") as agent:
-            admin.tools.PutToolContract(irreversible())
-            approval = request_approval(agent, new_run(agent))
+        approvals = []
+        for tenant in tenants:
+            with tenant.client(server, "admin") as admin, tenant.client(server, "agent") as agent:
+                admin.tools.PutToolContract(irreversible())
+                approvals.append(request_approval(agent, new_run(agent)))
         wait_for_listener(server, url)
         # Streams per principal are capped (Limits.streams_per_principal_max): enough auditors
-        # that the process-wide cap is the one reached.
-        auditors = [f"auditor-{index}" for index in range(WATCHERS_MAX // Limits().streams_per_principal_max)]
-        for auditor in auditors:
-            tenant.add(auditor, "auditor")
-        clients.extend(tenant.client(server, auditor) for auditor in auditors)
+        # in each tenant that the process-wide cap is the one reached.
+        per_tenant = WATCHERS_MAX // len(tenants) // Limits().streams_per_principal_max
+        for tenant in tenants:
+            for index in range(per_tenant):
+                tenant.add(f"auditor-{index}", "auditor")
+                clients.append(tenant.client(server, f"auditor-{index}"))
+        owners = len(clients)
         for index in range(WATCHERS_MAX):
             streams.append(
-                clients[index % len(clients)].approvals.WatchApprovals(
+                clients[index % owners].approvals.WatchApprovals(
                     approvals_pb2.WatchApprovalsRequest(), timeout=STREAM_SECONDS
                 )
             )
-        for call in streams:
-            assert next(call).approval.approval_id == approval.approval_id  # each stream has read once
-        tenant.add("auditor-extra", "auditor")  # a principal with no stream yet: the process is full
+        for index, call in enumerate(streams):  # each stream has read its tenant's request once
+            assert next(call).approval.approval_id == approvals[index % owners // per_tenant].approval_id
+        tenant = new_tenant(url)  # a tenant with no stream yet: the process is full
+        tenant.add("auditor-extra", "auditor")
         clients.append(tenant.client(server, "auditor-extra"))
         refused = clients[-1].approvals.WatchApprovals(approvals_pb2.WatchApprovalsRequest(), timeout=5)
         with pytest.raises(grpc.RpcError) as error:
@@ -346,8 +358,9 @@ def test_idle_streams_make_no_database_transactions_and_the_streams_are_bounded(
                 break
         assert min(windows) <= 5, f"{windows} transactions committed while {WATCHERS_MAX} streams were idle"
 
-        with tenant.client(server, "reviewer") as reviewer:
-            decide(reviewer, approval.approval_id)
+        for tenant, approval in zip(tenants, approvals, strict=True):
+            with tenant.client(server, "reviewer") as reviewer:
+                decide(reviewer, approval.approval_id)
         for call in streams:
             assert next(call).type == "approval.approved"
         deadline = time.monotonic() + 15.0
@@ -358,7 +371,7 @@ def test_idle_streams_make_no_database_transactions_and_the_streams_are_bounded(
         # A stream ended by cancellation, then one ended by its deadline, each gives its slot back
         # (both the process's and its principal's).
         streams.pop().cancel()
-        owner = clients[(WATCHERS_MAX - 1) % len(auditors)]
+        owner = clients[(WATCHERS_MAX - 1) % owners]
         short = accepted_stream(owner, seconds=1.0)
         with pytest.raises(grpc.RpcError) as ended:
             next(short)  # nothing more: it waits until its deadline

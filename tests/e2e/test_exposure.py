@@ -199,9 +199,12 @@ def test_idle_streams_without_a_token_hold_no_slot(server, agent):
             never_sent.set()
 
 
-def test_a_principal_gets_a_bounded_number_of_streams(server, tenant, agent, admin):
+def test_a_principal_gets_a_bounded_number_of_streams(server, tenant, agent, admin, database_url):
     """Eight WatchApprovals streams of one principal are served (each reads the tenant's one
-    approval event); the ninth is refused with RESOURCE_EXHAUSTED; another principal is not."""
+    approval event); the ninth is refused with RESOURCE_EXHAUSTED; another principal is not,
+    nor the principal of the same name in another tenant (principal ids are per tenant)."""
+    from support import new_tenant
+
     cap = Limits().streams_per_principal_max
     admin.tools.PutToolContract(
         contract(
@@ -240,6 +243,16 @@ def test_a_principal_gets_a_bounded_number_of_streams(server, tenant, agent, adm
             )
             assert next(other).type == "approval.requested"
             other.cancel()
+            # The "auditor" of another tenant is another principal: it streams too (it reads
+            # nothing, its tenant has no approval, so the stream runs until its deadline).
+            namesake = stub.WatchApprovals(
+                approvals_pb2.WatchApprovalsRequest(),
+                metadata=bearer(new_tenant(database_url).tokens["auditor"]),
+                timeout=1,
+            )
+            with pytest.raises(grpc.RpcError) as quiet:
+                next(namesake)
+            assert quiet.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED, quiet.value.details()
         finally:
             for call in open_streams:
                 call.cancel()

@@ -241,7 +241,7 @@ class Guard(grpc.aio.ServerInterceptor):
         self.authenticate = authenticate
         self.rates = RateLimiter(limits.requests_per_second_per_token, limits.request_burst_per_token)
         self.in_flight = 0
-        self.streams: dict[str, int] = {}
+        self.streams: dict[tuple[str, str], int] = {}
         self.tenants = TenantSlots(limits.calls_per_tenant_max)
         # The tenant of each token that checked out recently (by the token's hash; the least
         # recently used beyond RATE_BUCKETS_MAX forgotten): a token belongs to one tenant for life.
@@ -333,12 +333,13 @@ class Guard(grpc.aio.ServerInterceptor):
 
     @contextlib.contextmanager
     def _stream_slot(self, principal: Principal):
-        key = principal.principal_id
+        # A principal id names a principal within its tenant ("agent" may be in every tenant).
+        key = (principal.tenant_id, principal.principal_id)
         cap = self.limits.streams_per_principal_max
         if self.streams.get(key, 0) >= cap:
             raise ResourceExhausted(
                 f"at most {cap} streams are open per principal on each server process",
-                subject=f"principals/{key}/streams",
+                subject=f"principals/{principal.principal_id}/streams",
                 retry_after_ms=STREAMS_RETRY_MS,
                 reason="STREAMS_EXHAUSTED",
                 metadata={"streams_per_principal_max": str(cap)},
