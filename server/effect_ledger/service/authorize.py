@@ -315,8 +315,9 @@ class Authorizer:
             facts = replace(facts, schedule_refusal=schedule_refusal)
         elif schedule is not None:
             # Due: reconsidered now, under the policy current now; what it held is given back
-            # first, so that the attempt (if any) reserves its own estimate in its place.
-            await schedules.release_for_reconsideration(unit, principal.tenant_id, schedule)
+            # first, so that the attempt (if any) reserves its own estimate in its place (the
+            # schedule's close below then finds nothing left to release).
+            await budgets.release_holder(unit, principal.tenant_id, schedule.schedule_id)
         contract = facts.pinned or facts.current
         wanted = budget_rules.merged_estimate(request.estimate, contract.default_estimate if contract else {})
         estimate = budget_rules.validate_amounts(

@@ -315,11 +315,6 @@ async def for_gate(unit: UnitOfWork, tenant: str, key: str) -> Schedule | None:
     return schedule
 
 
-async def release_for_reconsideration(unit: UnitOfWork, tenant: str, schedule: Schedule) -> None:
-    """A due schedule gives its budget back before the attempt reserves its own estimate."""
-    await budgets.release_holder(unit, tenant, schedule.schedule_id)
-
-
 # --- the scheduler --------------------------------------------------------------------------
 
 
