@@ -256,6 +256,20 @@ def _observability_problem(options: argparse.Namespace) -> str | None:
     return None
 
 
+def _health_listen_problem(options: argparse.Namespace) -> str | None:
+    """--health-listen must name a port other than --listen's (workers sharing both ports
+    through SO_REUSEPORT would otherwise bind one port twice)."""
+    if not options.health_listen:
+        return None
+    host, separator, port = options.health_listen.rpartition(":")
+    if not separator or not host or not port.isdigit() or int(port) > 65535:
+        return f"--health-listen must be HOST:PORT, not {options.health_listen!r}"
+    listen_port = options.listen.rpartition(":")[2]
+    if int(port) != 0 and listen_port.isdigit() and int(port) == int(listen_port):
+        return f"--health-listen needs a port of its own, not --listen's ({int(port)})"
+    return None
+
+
 def _worker_command(options: argparse.Namespace):
     """How a supervisor starts worker ``index``: this process's own command line, then the
     flags that make it a worker (the last occurrence of a flag wins)."""
@@ -293,7 +307,12 @@ def command_serve(options: argparse.Namespace) -> int:
     if (worker_index is None) != (options.worker_channel_fd is None):
         print("effect-ledger: --worker-index and --worker-channel-fd come together", file=sys.stderr)
         return 2
-    problem = _transport_security_problem(options) or _limits_problem(options) or _observability_problem(options)
+    problem = (
+        _transport_security_problem(options)
+        or _limits_problem(options)
+        or _observability_problem(options)
+        or _health_listen_problem(options)
+    )
     if problem:
         print(f"effect-ledger: {problem}", file=sys.stderr)
         return 2
@@ -323,6 +342,7 @@ def command_serve(options: argparse.Namespace) -> int:
                     options.port_file,
                     options.grace_seconds,
                     metrics_listen=options.metrics_listen,
+                    health_listen=options.health_listen,
                 )
             except (CannotListen, BadMetricsAddress) as error:
                 print(f"effect-ledger: {error}", file=sys.stderr)
@@ -359,6 +379,7 @@ def command_serve(options: argparse.Namespace) -> int:
         tls_client_ca=options.tls_client_ca,
         metrics_listen=options.metrics_listen,
         metrics_sample_interval_seconds=options.metrics_sample_interval_seconds,
+        health_listen=options.health_listen,
         limits=Limits(
             requests_per_second_per_token=options.requests_per_second_per_token,
             request_burst_per_token=options.request_burst_per_token,
@@ -952,6 +973,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _database_argument(serve)
     serve.add_argument("--listen", default=_env("listen", "127.0.0.1:50051"), help="host:port to serve on")
+    serve.add_argument(
+        "--health-listen",
+        default=_env("health-listen"),
+        metavar="HOST:PORT",
+        help="also serve grpc.health.v1 alone on HOST:PORT, for probes: plaintext, no token, no admission "
+        "limits, so a flood of --listen never refuses it (port 0: any free port, logged); bind it to "
+        "loopback or the pod network, never publish it; off by default; with --workers every worker serves it",
+    )
     serve.add_argument(
         "--no-migrate",
         action="store_true",

@@ -89,4 +89,7 @@ class ServerSettings:
     # approval requests) are sampled from the database this often, by one process per host.
     metrics_listen: str = ""
     metrics_sample_interval_seconds: float = 15.0
+    # grpc.health.v1 alone on HOST:PORT as well (empty: off): plaintext, no guard, for probes
+    # (see transport/server.py, serve_health_port).
+    health_listen: str = ""
     limits: Limits = Limits()

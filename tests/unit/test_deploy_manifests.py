@@ -1,7 +1,7 @@
 """The Kubernetes manifests in deploy/k8s, read with PyYAML: what would break a deployment.
 
 The image is the one deploy/Dockerfile builds (compose.yaml's name for it); replicas never
-migrate and the Job does; the probes ask grpc.health.v1 on the serving port; TLS and the
+migrate and the Job does; the probes ask grpc.health.v1 on the health port; TLS and the
 database URL come from Secrets; the PDB and the Service select the server's pods and only them;
 pods run as the image's unprivileged user on a read-only root file system. And the image can
 be built: a wheel built from exactly the files its build stage copies holds the whole package.
@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from effect_ledger.cli import build_parser
+from effect_ledger.transport.server import LIVENESS_SERVICE_NAME
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -127,19 +128,35 @@ def _healthcheck_port() -> int:
     return port_of(target)
 
 
+def test_the_images_own_check_asks_its_serving_port():
+    """Compose's health check (the image's HEALTHCHECK): grpc.health.v1 over the server's TLS."""
+    assert f"COPY deploy/healthcheck.py {HEALTHCHECK_IN_IMAGE}" in DOCKERFILE
+    listen = re.search(r'CMD \["serve", "--listen", "([^"]+)"\]', DOCKERFILE).group(1)
+    assert port_of(listen) == _healthcheck_port()
+    assert f'"{HEALTHCHECK_IN_IMAGE}"]' in DOCKERFILE.split("HEALTHCHECK ", 1)[1].split("\n\n", 1)[0]
+
+
 @pytest.mark.parametrize("probe", ["startupProbe", "readinessProbe", "livenessProbe"])
-def test_probes_ask_grpc_health_on_the_serving_port(probe):
+def test_probes_ask_grpc_health_on_the_health_port(probe):
+    """The kubelet's own grpc probes, on the port --health-listen serves (plaintext: they speak
+    nothing else), apart from the serving port, so a flood there never fails a probe."""
     listen = SERVER["args"][SERVER["args"].index("--listen") + 1]
     ports = {p["name"]: p["containerPort"] for p in SERVER["ports"]}
-    assert ports["grpc"] == port_of(listen) == _healthcheck_port()
-    # The image's health check (grpc.health.v1 Check over the server's TLS): the kubelet's own
-    # grpc probe cannot complete a TLS handshake.
-    assert f"COPY deploy/healthcheck.py {HEALTHCHECK_IN_IMAGE}" in DOCKERFILE
-    command = SERVER[probe]["exec"]["command"]
-    assert command[:2] == ["/opt/effect-ledger/bin/python", HEALTHCHECK_IN_IMAGE]
-    # Ready means SERVING (the database answers); alive means the server answers at all.
-    assert ("--any-status" in command) == (probe != "readinessProbe")
-    assert SERVER[probe]["timeoutSeconds"] > 3  # healthcheck.py's own RPC timeout
+    assert ports["grpc"] == port_of(listen)
+    assert ports["health"] == port_of(env(SERVER)["EFFECT_LEDGER_HEALTH_LISTEN"]) != ports["grpc"]
+    assert "exec" not in SERVER[probe]
+    assert SERVER[probe]["grpc"]["port"] == ports["health"]  # a grpc probe takes no port name
+    # Ready means SERVING for the whole server (its database answers); started and alive mean
+    # the process serves, which a database outage does not change.
+    service = SERVER[probe]["grpc"].get("service", "")
+    assert service == ("" if probe == "readinessProbe" else LIVENESS_SERVICE_NAME)
+    assert SERVER[probe]["timeoutSeconds"] >= 1
+
+
+def test_the_health_port_is_not_published():
+    assert all(port["targetPort"] != "health" for port in SERVICE["spec"]["ports"])
+    health = next(p["containerPort"] for p in SERVER["ports"] if p["name"] == "health")
+    assert all(port["port"] != health for port in SERVICE["spec"]["ports"])
 
 
 def test_the_pdb_and_the_service_select_the_servers_only():

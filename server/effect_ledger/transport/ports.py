@@ -13,8 +13,9 @@ class CannotListen(Exception):
     """The listening address cannot be bound: in use, not an address of this host, or malformed."""
 
 
-def check_port_free(listen: str) -> None:
-    """CannotListen when something on this host already listens on ``listen``'s port.
+def check_port_free(listen: str, flag: str = "--listen") -> None:
+    """CannotListen when something on this host already listens on ``listen``'s port (given
+    as ``flag``, which the message names).
 
     The probe binds without SO_REUSEPORT, so it fails against any socket holding the port, one
     that shares it through SO_REUSEPORT (the workers of another ``serve --workers N``) too.
@@ -37,6 +38,6 @@ def check_port_free(listen: str) -> None:
                 if error.errno == errno.EADDRINUSE:
                     raise CannotListen(
                         f"cannot listen on {listen}: the port is already in use (another effect-ledger, "
-                        "or another program; give a free --listen port)"
+                        f"or another program; give a free {flag} port)"
                     ) from None
                 return  # another reason (an address not of this host, ...): gRPC's bind reports it

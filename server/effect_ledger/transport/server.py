@@ -78,6 +78,13 @@ log = logging.getLogger(__name__)
 # Calls above the guard's admission limit that gRPC still accepts: health checks, and the
 # calls the guard refuses with RESOURCE_EXHAUSTED.
 HEALTH_RESERVE_RPCS = 64
+# gRPC's cap on the health port (--health-listen), its only limit: a probe makes one call at a
+# time, and the port is for the host's or the pod network's probes only (never published).
+HEALTH_PORT_CONCURRENT_RPCS_MAX = 16
+# A health service name that is SERVING while the process serves, whatever its database does
+# (NOT_SERVING once it drains): for liveness probes that can only ask "SERVING?" (the kubelet's
+# grpc probe), so a database outage takes replicas out of a Service without restarting them.
+LIVENESS_SERVICE_NAME = "liveness"
 
 SERVICE_NAMES = (
     gate_pb2.DESCRIPTOR.services_by_name["Gate"].full_name,
@@ -101,6 +108,9 @@ class RunningServer:
     health: health.aio.HealthServicer
     tasks: list[asyncio.Task] = field(default_factory=list)
     metrics_endpoint: observed_metrics.MetricsEndpoint | None = None
+    # The health port (--health-listen) and its bound port number, when configured.
+    health_server: grpc.aio.Server | None = None
+    health_port: int | None = None
 
     async def stop(self, grace_seconds: float) -> None:
         await self.health.enter_graceful_shutdown()
@@ -110,6 +120,9 @@ class RunningServer:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self.server.stop(grace_seconds)
+        if self.health_server is not None:
+            # Last: it answered NOT_SERVING through the drain above.
+            await self.health_server.stop(0)
         if self.metrics_endpoint is not None:
             self.metrics_endpoint.close()
         argument_checks.CHECKER.close()
@@ -281,11 +294,26 @@ async def start_server(
         RetentionServicer(app, settings.retention_age_min_seconds), server
     )
     health_servicer = health.aio.HealthServicer()
+    await health_servicer.set(LIVENESS_SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((*SERVICE_NAMES, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     port = _bind(server, settings.listen, credentials, reuse_port)
+    health_server, health_port = None, None
+    if settings.health_listen:  # bound before either server starts: a port in use stops the start
+        health_server, health_port = health_port_server(settings.health_listen, health_servicer, reuse_port)
     await server.start()
-    running = RunningServer(server, port, database, policy, health_servicer, metrics_endpoint=endpoint)
+    if health_server is not None:
+        await health_server.start()
+    running = RunningServer(
+        server,
+        port,
+        database,
+        policy,
+        health_servicer,
+        metrics_endpoint=endpoint,
+        health_server=health_server,
+        health_port=health_port,
+    )
     running.tasks.append(asyncio.create_task(approvals_servicer.feed.run()))  # wakes WatchApprovals streams
     running.tasks.append(
         asyncio.create_task(_health_monitor(database, health_servicer, settings.health_check_interval_seconds))
@@ -312,16 +340,43 @@ async def start_server(
             )
     host = settings.listen.rsplit(":", 1)[0]
     log.info("effect-ledger serving on %s:%d (%s)", host, port, transport_security(settings))
+    if health_port is not None:
+        health_host = settings.health_listen.rsplit(":", 1)[0]
+        log.info("grpc.health.v1 alone on %s:%d (plaintext, no admission limits)", health_host, health_port)
     if settings.port_file:
         Path(settings.port_file).write_text(f"{port}\n")
     return running
 
 
-def _bind(server: grpc.aio.Server, listen: str, credentials: grpc.ServerCredentials | None, reuse_port: bool) -> int:
+def health_port_server(
+    listen: str, servicer: health.aio.HealthServicer, reuse_port: bool
+) -> tuple[grpc.aio.Server, int]:
+    """A server for ``--health-listen``, not started, and its bound port: grpc.health.v1 alone,
+    answered by ``servicer`` (the main port's, so a drain's NOT_SERVING shows here too).
+
+    No guard and no credentials: a probe needs no token, and the kubelet's gRPC probe speaks
+    neither TLS nor mTLS; health status is not secret. Its only limit is gRPC's cap of
+    HEALTH_PORT_CONCURRENT_RPCS_MAX calls, so no flood of the main port (whose own cap counts
+    health checks too) reaches it; bind it to loopback or the pod network, never publish it."""
+    server = grpc.aio.server(
+        maximum_concurrent_rpcs=HEALTH_PORT_CONCURRENT_RPCS_MAX,
+        options=[("grpc.so_reuseport", 1 if reuse_port else 0)],
+    )
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    return server, _bind(server, listen, None, reuse_port, flag="--health-listen")
+
+
+def _bind(
+    server: grpc.aio.Server,
+    listen: str,
+    credentials: grpc.ServerCredentials | None,
+    reuse_port: bool,
+    flag: str = "--listen",
+) -> int:
     """Add the listening port; its number. A port in use is found here first, with a socket of
     our own, so the operator reads one line that says so rather than gRPC's generic failure."""
     if not reuse_port:
-        check_port_free(listen)
+        check_port_free(listen, flag)
     try:
         if credentials is None:
             port = server.add_insecure_port(listen)

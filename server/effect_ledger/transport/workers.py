@@ -15,12 +15,15 @@ that accepted it, so a health check answers for the worker it reached.
   to load exits before serving, like any worker that cannot start, see Restarts below).
 - The supervisor migrates the database once, before any worker starts; workers never migrate.
 - Each worker holds one end of a socket pair with the supervisor. The supervisor writes the
-  address to listen on there, the worker answers with its bound port once it serves, and it
+  address to listen on there (and, with ``--health-listen``, the health port's after a space),
+  the worker answers with its bound port (and its health port) once it serves, and it
   shuts down gracefully when the supervisor's end closes (the supervisor died, even by
   SIGKILL), so no worker outlives its supervisor by more than its grace period.
 - Port 0: all workers start at once, but only worker 0 is told to bind ``--listen`` as given;
-  the others, and every replacement, are told the port it bound. ``--port-file`` is written
-  once every worker serves.
+  the others, and every replacement, are told the port it bound (the health port alike).
+  ``--port-file`` is written once every worker serves.
+- The health port (``--health-listen``): every worker serves grpc.health.v1 there as well,
+  shared through SO_REUSEPORT like the main port, each answering with its own health.
 - Signals: SIGTERM and SIGINT stop every worker (each drains for ``--grace-seconds``; one still
   running after that and STOP_MARGIN_SECONDS more is killed). SIGHUP is forwarded to every
   worker that serves, and each reloads its policy (a worker still starting loads the files as
@@ -34,7 +37,7 @@ that accepted it, so a health check answers for the worker it reached.
   the others and exit 1 at once.
 - A port already in use: the supervisor binds a probe socket of its own (without SO_REUSEPORT)
   before it starts any worker, and stops at once, exit 2, when the probe cannot bind, as a lone
-  server does. Without the check the workers of a second supervisor would join the first's
+  server does; the health port is checked the same way. Without the check the workers of a second supervisor would join the first's
   port through SO_REUSEPORT (the kernel allows it to processes of the same user).
 - The lease sweeper runs in worker 0 only, and in its replacement: one sweeper per host. So
   does the sampler of the ledger's gauges (``--metrics-listen``).
@@ -79,8 +82,8 @@ RESTARTS_MAX = 5
 RESTART_WINDOW_SECONDS = 60.0
 RESTART_DELAY_FIRST_SECONDS = 0.1
 RESTART_DELAY_MAX_SECONDS = 5.0
-# The messages on a worker's channel: an address to listen on (supervisor to worker), a port
-# (worker to supervisor), each with a newline.
+# The messages on a worker's channel: the addresses to listen on (supervisor to worker), the
+# ports bound (worker to supervisor), separated by a space, each message with a newline.
 MESSAGE_SIZE_MAX_BYTES = 512
 
 # (worker index, the worker's channel file descriptor) -> its argv.
@@ -148,12 +151,14 @@ class Supervisor:
         port_file: str,
         grace_seconds: float,
         metrics_folder: str | None = None,
+        health_listen: str = "",
     ) -> None:
         assert 1 < count <= WORKERS_MAX
         self.command = command
         self.metrics_folder = metrics_folder
         self.count = count
-        self.listen = listen
+        # The main port's address first, then the health port's when there is one.
+        self.listen = [listen, health_listen] if health_listen else [listen]
         self.port_file = port_file
         self.grace_seconds = grace_seconds
         self.workers: dict[int, Worker] = {}
@@ -175,7 +180,7 @@ class Supervisor:
             await self._stop_all()
             return 0
         try:
-            address, port = startup.result()
+            addresses, port = startup.result()
         except WorkerFailed as error:
             log.error("%s; stopping the other workers", error)
             await _cancel(stop_wait)
@@ -183,25 +188,25 @@ class Supervisor:
             return 1
         if self.port_file:
             Path(self.port_file).write_text(f"{port}\n")
-        log.info("%d workers serving on %s", self.count, address)
-        watchers = [asyncio.create_task(self._keep(index, address)) for index in range(self.count)]
+        log.info("%d workers serving on %s", self.count, " and ".join(addresses))
+        watchers = [asyncio.create_task(self._keep(index, addresses)) for index in range(self.count)]
         gave_up_wait = asyncio.create_task(self.gave_up.wait())
         await asyncio.wait({stop_wait, gave_up_wait}, return_when=asyncio.FIRST_COMPLETED)
         await _cancel(*watchers, stop_wait, gave_up_wait)
         await self._stop_all()
         return 0 if self.stop_requested.is_set() else 1
 
-    async def _start_all(self) -> tuple[str, int]:
-        """Start every worker at once; the address they serve on, and its port."""
+    async def _start_all(self) -> tuple[list[str], int]:
+        """Start every worker at once; the addresses they serve on, and the main port."""
         workers = [await self._spawn(index) for index in range(self.count)]
-        port = await self._serve(workers[0], self.listen)
-        address = with_port(self.listen, port)
-        others = [asyncio.create_task(self._serve(worker, address)) for worker in workers[1:]]
+        ports = await self._serve(workers[0], self.listen)
+        addresses = [with_port(listen, port) for listen, port in zip(self.listen, ports, strict=True)]
+        others = [asyncio.create_task(self._serve(worker, addresses)) for worker in workers[1:]]
         try:
             await asyncio.gather(*others)
         finally:
             await _cancel(*others)  # after a failure: the rest are stopped by _stop_all
-        return address, port
+        return addresses, ports[0]
 
     async def _spawn(self, index: int) -> Worker:
         supervisor_end, worker_end = socket.socketpair()
@@ -223,12 +228,12 @@ class Supervisor:
         log.info("worker %d started (pid %d)", index, process.pid)
         return worker
 
-    async def _serve(self, worker: Worker, listen: str) -> int:
-        """Tell ``worker`` to listen on ``listen``; its port once it serves."""
+    async def _serve(self, worker: Worker, listen: list[str]) -> list[int]:
+        """Tell ``worker`` to listen on the addresses ``listen``; its ports once it serves."""
         index, process = worker.index, worker.process
         loop = asyncio.get_running_loop()
         try:
-            await loop.sock_sendall(worker.channel, f"{listen}\n".encode())
+            await loop.sock_sendall(worker.channel, f"{' '.join(listen)}\n".encode())
         except OSError:  # it exited already: the read below says how
             pass
         try:
@@ -239,7 +244,9 @@ class Supervisor:
             raise WorkerFailed(
                 f"worker {index} (pid {process.pid}) did not serve within {WORKER_START_TIMEOUT_SECONDS:g} s"
             ) from None
-        if not line.isdigit():  # it closed its end: it is exiting (or said something else)
+        ports = line.split(" ")
+        if len(ports) != len(listen) or not all(port.isdigit() for port in ports):
+            # It closed its end: it is exiting (or said something else).
             try:
                 await asyncio.wait_for(process.wait(), STOP_MARGIN_SECONDS)
             except TimeoutError:
@@ -248,9 +255,9 @@ class Supervisor:
             how = describe_exit(process.returncode)
             raise WorkerFailed(f"worker {index} (pid {process.pid}) exited with {how} before serving")
         worker.serving = True
-        return int(line)
+        return [int(port) for port in ports]
 
-    async def _keep(self, index: int, address: str) -> None:
+    async def _keep(self, index: int, address: list[str]) -> None:
         """Start worker ``index`` again whenever it exits, within the restart budget."""
         try:
             await self._restart_on_exit(index, address)
@@ -258,7 +265,7 @@ class Supervisor:
             log.exception("supervising worker %d failed: giving up", index)
             self.gave_up.set()
 
-    async def _restart_on_exit(self, index: int, address: str) -> None:
+    async def _restart_on_exit(self, index: int, address: list[str]) -> None:
         while True:
             worker = self.workers[index]
             await worker.process.wait()
@@ -365,16 +372,27 @@ async def _read_line(channel: socket.socket) -> str:
 
 
 def supervise(
-    command: WorkerCommand, count: int, listen: str, port_file: str, grace_seconds: float, metrics_listen: str = ""
+    command: WorkerCommand,
+    count: int,
+    listen: str,
+    port_file: str,
+    grace_seconds: float,
+    metrics_listen: str = "",
+    health_listen: str = "",
 ) -> int:
     """Run ``count`` workers until SIGTERM or SIGINT; the process's exit status. With
-    ``metrics_listen``, serve the workers' metrics there. CannotListen, before any worker
-    starts, when the port is already in use (by another program, or shared through
-    SO_REUSEPORT by the workers of another supervisor, which these would otherwise join)."""
+    ``metrics_listen``, serve the workers' metrics there; with ``health_listen``, the workers
+    serve grpc.health.v1 there too. CannotListen, before any worker starts, when a port is
+    already in use (by another program, or shared through SO_REUSEPORT by the workers of
+    another supervisor, which these would otherwise join)."""
     check_port_free(listen)
+    if health_listen:
+        check_port_free(health_listen, "--health-listen")
 
     async def main(metrics_folder: str | None) -> int:
-        return await Supervisor(command, count, listen, port_file, grace_seconds, metrics_folder).run()
+        return await Supervisor(
+            command, count, listen, port_file, grace_seconds, metrics_folder, health_listen=health_listen
+        ).run()
 
     if not metrics_listen:
         return asyncio.run(main(None))
@@ -400,10 +418,10 @@ async def serve_worker(
 
     channel = socket.socket(fileno=channel_fd)
     channel.setblocking(False)
-    listen = await _read_line(channel)
+    listen, _, health_listen = (await _read_line(channel)).partition(" ")
     if not listen:
         raise SystemExit("the supervisor went away before naming an address to listen on")
-    settings = dataclasses.replace(settings, listen=listen)
+    settings = dataclasses.replace(settings, listen=listen, health_listen=health_listen)
     running = await start_server(
         settings, database, policy, reuse_port=True, sweep_leases=index == 0, serve_metrics=False
     )
@@ -413,13 +431,15 @@ async def serve_worker(
         loop.add_signal_handler(signum, stop.set)
     # Always handled: SIGHUP's default action would end the worker.
     loop.add_signal_handler(signal.SIGHUP, reload_policy or _reload_unsupported)
-    await loop.sock_sendall(channel, f"{running.port}\n".encode("ascii"))
+    ports = [running.port] if running.health_port is None else [running.port, running.health_port]
+    await loop.sock_sendall(channel, f"{' '.join(map(str, ports))}\n".encode("ascii"))
     loop.add_reader(channel, _on_supervisor_readable, channel, stop)
     log.info(
-        "worker %d (pid %d) serving on port %d%s",
+        "worker %d (pid %d) serving on port %d%s%s",
         index,
         os.getpid(),
         running.port,
+        "" if running.health_port is None else f", health on port {running.health_port}",
         ", running the lease sweeper" if index == 0 else "",
     )
     await stop.wait()
