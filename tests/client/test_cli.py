@@ -270,6 +270,7 @@ def test_approvals_list_watch_and_decide(cli, ledger, admin_ledger, run_id):
         ["1", "approval.requested", approval_id],
         ["2", "approval.approved", approval_id],
     ]
+    assert cli.call("auditor", "approvals", "watch", "--from-now", "--seconds", "1").lines() == []  # no history
     shown = yaml.safe_load(cli.call("auditor", "approvals", "show", approval_id, "-o", "yaml").stdout)
     assert shown["state"] == "APPROVED" and shown["arguments_json"] == {"amount": 5} and shown["quorum"] == 1
     revoked = cli.call("admin", "approvals", "revoke", approval_id, "--reason", "changed", "-o", "json").json()

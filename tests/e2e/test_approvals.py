@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from effect_ledger.client import error_from_rpc
 from effectledger.v1 import approvals_pb2, common_pb2, gate_pb2
 from support import (
     REPO,
@@ -145,10 +146,19 @@ def wait_until_expired(client, approval_id: str, timeout: float = 15.0) -> appro
     raise AssertionError(f"approval {approval_id} did not expire in {timeout} s: {state_name(found.state)}")
 
 
-def watch(client, *, after_sequence: int = 0, seconds: float = 1.5, run_id: str = "", tool: str = "") -> list:
+def watch(
+    client,
+    *,
+    after_sequence: int = 0,
+    seconds: float = 1.5,
+    run_id: str = "",
+    tool: str = "",
+    from_now: bool = False,
+) -> list:
     """Every event the stream delivers before its deadline; the deadline is how it ends."""
     stream = client.approvals.WatchApprovals(
-        approvals_pb2.WatchApprovalsRequest(after_sequence=after_sequence, run_id=run_id, tool=tool), timeout=seconds
+        approvals_pb2.WatchApprovalsRequest(after_sequence=after_sequence, run_id=run_id, tool=tool, from_now=from_now),
+        timeout=seconds,
     )
     events = []
     try:
@@ -582,6 +592,37 @@ def test_watch_approvals_delivers_every_event_in_order_and_resumes(server, tenan
     stranger = other_tenant.client(server, "auditor")
     assert watch(stranger, seconds=0.5) == []
     stranger.close()
+
+
+def test_watch_approvals_from_now_replays_nothing_and_follows_what_comes(server, tenant, agent, admin, reviewer):
+    """A watch "from now" starts after the tenant's latest event: none of the history, every
+    event after it, numbered as always (so a resumed watch takes up from the last one)."""
+    admin.tools.PutToolContract(irreversible())
+    run_id = new_run(agent)
+    first = request_approval(agent, run_id).approval_id  # 1 requested
+    decide(reviewer, first)  # 2 approved
+    assert watch(agent, from_now=True, seconds=0.8) == []
+
+    following: list = []
+    watcher_client = tenant.client(server, "auditor")
+    watcher = threading.Thread(target=lambda: following.extend(watch(watcher_client, from_now=True, seconds=3.0)))
+    watcher.start()
+    time.sleep(0.5)
+    second = request_approval(agent, run_id, arguments=ARGS_B).approval_id  # 3 requested
+    revoke(reviewer, first)  # 4 revoked
+    watcher.join()
+    watcher_client.close()
+    assert [(e.sequence, e.type, e.approval.approval_id) for e in following] == [
+        (3, "approval.requested", second),
+        (4, "approval.revoked", first),
+    ]
+    both = agent.approvals.WatchApprovals(
+        approvals_pb2.WatchApprovalsRequest(after_sequence=2, from_now=True), timeout=5.0
+    )
+    with pytest.raises(grpc.RpcError) as refused:
+        next(both)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert [v.field for v in error_from_rpc(refused.value).violations] == ["from_now"]
 
 
 # --- quorum and reuse (an edited policy) ---------------------------------------------------

@@ -8,7 +8,7 @@ that ``protos/`` is the tree PROTOS_SHA256 records for this minor version.
 """
 
 PROTO_PACKAGE = "effectledger.v1"
-__version__ = "1.1.0"
+__version__ = "1.2.0"
 
 # major.minor -> the SHA-256 of the protos/ tree its stubs were generated from (each .proto file's
 # path under protos/, a NUL, its bytes, a NUL, in path order). A change of protos/ fails the test
@@ -16,4 +16,5 @@ __version__ = "1.1.0"
 # entry, once a version is out, is never edited.
 PROTOS_SHA256 = {
     "1.1": "d50f248e3a0001743bac44271c36d93cafd2898b66f13036420474c4d026e56e",
+    "1.2": "c8320a4b45bfb32c966ca921813fb0a722e6a6f9bb455d5b7e52be1abf066061",
 }

@@ -294,6 +294,12 @@ class FeedEvent:
     created_at: datetime
 
 
+async def latest_sequence(unit: UnitOfWork, principal: Principal) -> int:
+    """The caller's tenant's last approval event sequence (0 before its first): where a watch
+    "from now" starts."""
+    return (await store.latest_sequences(unit.connection, [principal.tenant_id])).get(principal.tenant_id, 0)
+
+
 async def feed_after(
     unit: UnitOfWork, principal: Principal, after_sequence: int, *, run_id: str, tool: str, limit: int
 ) -> list[FeedEvent]:

@@ -91,7 +91,14 @@ class ApprovalsServicer(approvals_pb2_grpc.ApprovalsServicer):
             await context.abort_with_status(
                 status.to_status(InvalidArgument.field("after_sequence", "must not be negative"))
             )
-        with self.feed.watching(request.after_sequence) as watcher:
+        after_sequence = request.after_sequence
+        if request.from_now:
+            if after_sequence:
+                await context.abort_with_status(
+                    status.to_status(InvalidArgument.field("from_now", "cannot be combined with after_sequence"))
+                )
+            after_sequence = await self._latest(context)
+        with self.feed.watching(after_sequence) as watcher:
             if watcher is None:
                 await context.abort_with_status(watchers_exhausted_status(self.feed.watchers_max))
             while True:
@@ -103,6 +110,17 @@ class ApprovalsServicer(approvals_pb2_grpc.ApprovalsServicer):
                     yield event
                 if complete:
                     await watcher.wait()
+
+    async def _latest(self, context) -> int:
+        try:
+            return await self.app.call(
+                context,
+                roles.of("Approvals", "WatchApprovals"),
+                lambda unit, principal: approvals.latest_sequence(unit, principal),
+            )
+        except LedgerError as error:
+            await context.abort_with_status(status.to_status(error))
+            raise  # abort_with_status raises; this line is never reached
 
     async def _read(self, context, request, cursor: int):
         try:

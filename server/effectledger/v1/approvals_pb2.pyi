@@ -146,14 +146,16 @@ class RevokeApprovalRequest(_message.Message):
     def __init__(self, approval_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class WatchApprovalsRequest(_message.Message):
-    __slots__ = ("after_sequence", "run_id", "tool")
+    __slots__ = ("after_sequence", "run_id", "tool", "from_now")
     AFTER_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     TOOL_FIELD_NUMBER: _ClassVar[int]
+    FROM_NOW_FIELD_NUMBER: _ClassVar[int]
     after_sequence: int
     run_id: str
     tool: str
-    def __init__(self, after_sequence: _Optional[int] = ..., run_id: _Optional[str] = ..., tool: _Optional[str] = ...) -> None: ...
+    from_now: bool
+    def __init__(self, after_sequence: _Optional[int] = ..., run_id: _Optional[str] = ..., tool: _Optional[str] = ..., from_now: _Optional[bool] = ...) -> None: ...
 
 class ApprovalEvent(_message.Message):
     __slots__ = ("sequence", "type", "approval", "principal_id", "created_at")

@@ -92,12 +92,17 @@ def watch(
     after_sequence: Annotated[
         int, typer.Option(min=0, help="Events after this sequence number (0: from the tenant's first event).")
     ] = 0,
+    from_now: Annotated[
+        bool, typer.Option("--from-now", help="Only events from now on (not with --after-sequence).")
+    ] = False,
     max_events: Annotated[int | None, typer.Option(min=1, help="Stop after this many events.")] = None,
     seconds: Annotated[float | None, typer.Option(help="Stop after this many seconds.")] = None,
 ) -> None:
     """Print approval events as they happen (WatchApprovals), one a line (-o json: one JSON
     object a line), until interrupted, --max-events or --seconds."""
-    request = approvals_pb2.WatchApprovalsRequest(after_sequence=after_sequence, run_id=run or "", tool=tool or "")
+    request = approvals_pb2.WatchApprovalsRequest(
+        after_sequence=after_sequence, run_id=run or "", tool=tool or "", from_now=from_now
+    )
     try:
         follow(ctl, ctl.ledger.approvals.WatchApprovals, request, APPROVAL_EVENT, deadline_of(seconds), max_events)
     except KeyboardInterrupt:

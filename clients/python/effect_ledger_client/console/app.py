@@ -122,12 +122,17 @@ async def _announcements(session) -> AsyncIterator[dict]:
 
 
 async def _watch(session, changed: asyncio.Event) -> None:
-    """Follows WatchApprovals from the first event, resuming after each call ends."""
-    after_sequence = 0
+    """Follows WatchApprovals from now on (the tenant's history is not replayed), resuming after
+    each call ends from the last event seen. A stream started "from now" (no event seen yet) also
+    tells the page to refresh once, so that what changed before it started is shown."""
+    after_sequence: int | None = None  # None: no event seen yet, watch from now
     while session.signed_in and session.ledger is not None:
-        stream = session.ledger.approvals.WatchApprovals(
-            approvals_pb2.WatchApprovalsRequest(after_sequence=after_sequence), timeout=WATCH_CALL_SECONDS
-        )
+        if after_sequence is None:
+            request = approvals_pb2.WatchApprovalsRequest(from_now=True)
+            changed.set()
+        else:
+            request = approvals_pb2.WatchApprovalsRequest(after_sequence=after_sequence)
+        stream = session.ledger.approvals.WatchApprovals(request, timeout=WATCH_CALL_SECONDS)
         try:
             async for event in stream:
                 after_sequence = event.sequence
