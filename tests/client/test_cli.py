@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -271,6 +272,34 @@ def test_approvals_list_watch_and_decide(cli, ledger, admin_ledger, run_id):
         ["2", "approval.approved", approval_id],
     ]
     assert cli.call("auditor", "approvals", "watch", "--from-now", "--seconds", "1").lines() == []  # no history
+    # From now on: requests made while the command runs (one every 0.3 s until it prints one).
+    watching: dict[str, Any] = {}
+    watcher = threading.Thread(
+        target=lambda: watching.update(
+            done=cli.process(
+                "auditor", "approvals", "watch", "--from-now", "--max-events", "1", "--seconds", "20", "-o", "json"
+            )
+        )
+    )
+    watcher.start()
+    made: list[str] = []
+    while watcher.is_alive() and len(made) < 60:
+        made.append(
+            ledger.gate.AuthorizeEffect(
+                authorize_request(
+                    run_id,
+                    f"wire-now-{len(made)}",
+                    tool=IRREVERSIBLE_TOOL,
+                    arguments=json.dumps({"amount": 100 + len(made)}).encode(),  # a request per intent
+                    target="acct:1",
+                )
+            ).approval_request_id
+        )
+        watcher.join(0.3)
+    watcher.join()
+    (line,) = watching["done"].lines()
+    event = json.loads(line)
+    assert event["type"] == "approval.requested" and event["approval"]["approval_id"] in made
     shown = yaml.safe_load(cli.call("auditor", "approvals", "show", approval_id, "-o", "yaml").stdout)
     assert shown["state"] == "APPROVED" and shown["arguments_json"] == {"amount": 5} and shown["quorum"] == 1
     revoked = cli.call("admin", "approvals", "revoke", approval_id, "--reason", "changed", "-o", "json").json()

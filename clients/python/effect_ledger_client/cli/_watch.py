@@ -32,9 +32,12 @@ def follow(
     max_events: int | None,
 ) -> None:
     """Prints each event of ``open_stream(request)`` and sets the request's ``after_sequence``
-    to its ``sequence``; opens the next stream when one ends, until the deadline or
-    ``max_events``."""
+    to its ``sequence`` (and clears ``from_now``); opens the next stream when one ends, until the
+    deadline or ``max_events``."""
     printed = 0
+    # A request "from now" (WatchApprovals) keeps asking from now until its first event: a new
+    # stream before then starts after the tenant's latest event again.
+    from_now = "from_now" in request.DESCRIPTOR.fields_by_name
     for _ in range(WATCH_STREAMS_MAX):
         remaining = deadline - time.monotonic() if deadline is not None else WATCH_STREAM_SECONDS
         if remaining <= 0 or (max_events is not None and printed >= max_events):
@@ -44,6 +47,8 @@ def follow(
             for event in stream:
                 ctl.printer.event(event, view)
                 request.after_sequence = event.sequence  # type: ignore[attr-defined]
+                if from_now:  # the next stream resumes from this event, no longer "from now"
+                    request.from_now = False  # type: ignore[attr-defined]
                 printed += 1
                 if max_events is not None and printed >= max_events:
                     return
