@@ -35,6 +35,9 @@ class CallState:
     # a unit of work, or a fast path that authenticates in its first round trip).
     tenant_id: str = ""
     caller_id: str = ""
+    # The tenant this call's token belonged to when it last checked out on this process (the
+    # guard remembers it), before the token is checked again: a hint, never an authority.
+    tenant_hint: str = ""
     # How it ended: a gRPC status code name and the error's reason; the unary response.
     code: str = "OK"
     reason: str = ""

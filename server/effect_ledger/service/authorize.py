@@ -52,6 +52,7 @@ from effect_ledger.errors import (
     PreconditionViolation,
     Unavailable,
 )
+from effect_ledger.observability import calls
 from effect_ledger.policy.engine import PolicyDecision, PolicyEngine
 from effect_ledger.service import approvals, argument_checks, budgets, schedules
 from effect_ledger.service.approvals import ApprovalSettings
@@ -66,8 +67,7 @@ from effect_ledger.storage.engine import UnitOfWork
 LEDGER_ENGINE = "ledger"
 
 
-# Tokens and tools this process remembers for early checks (least recently used forgotten).
-TOKENS_KNOWN_MAX = 10_000
+# Tools with a schema this process remembers for early checks (least recently used forgotten).
 SCHEMAS_KNOWN_MAX = 64
 
 
@@ -80,33 +80,25 @@ async def checked_arguments(contract: ToolContract, arguments: dict[str, Any], t
 
 
 class KnownSchemas:
-    """What earlier calls of this process learned: the tenant of a token (by its hash; a
-    token belongs to one tenant for life), and the latest revision of a tenant's tool with an
-    arguments schema, as last read (a revision never changes; a newer one may exist, which the
-    unit of work finds)."""
+    """The latest revision of each tenant's tool with an arguments schema, as earlier calls of
+    this process read it (a revision never changes; a newer one may exist, which the unit of
+    work finds)."""
 
     def __init__(self) -> None:
-        self.tenants: OrderedDict[str, str] = OrderedDict()
         self.schemas: OrderedDict[tuple[str, str], ToolContract] = OrderedDict()
 
-    def learn(self, token_hash: str, tenant_id: str, tool: str, current: ToolContract | None) -> None:
-        _remember(self.tenants, token_hash, tenant_id, TOKENS_KNOWN_MAX)
-        if current is not None and current.arguments_schema:
-            _remember(self.schemas, (tenant_id, tool), current, SCHEMAS_KNOWN_MAX)
-        else:
-            self.schemas.pop((tenant_id, tool), None)
+    def learn(self, tenant_id: str, tool: str, current: ToolContract | None) -> None:
+        key = (tenant_id, tool)
+        if current is None or not current.arguments_schema:
+            self.schemas.pop(key, None)
+            return
+        self.schemas[key] = current
+        self.schemas.move_to_end(key)
+        while len(self.schemas) > SCHEMAS_KNOWN_MAX:
+            self.schemas.popitem(last=False)
 
-    def latest(self, token_hash: str, tool: str) -> tuple[str, ToolContract] | None:
-        tenant_id = self.tenants.get(token_hash)
-        contract = self.schemas.get((tenant_id, tool)) if tenant_id is not None else None
-        return None if tenant_id is None or contract is None else (tenant_id, contract)
-
-
-def _remember(entries: OrderedDict[Any, Any], key: Any, value: Any, size_max: int) -> None:
-    entries[key] = value
-    entries.move_to_end(key)
-    while len(entries) > size_max:
-        entries.popitem(last=False)
+    def latest(self, tenant_id: str, tool: str) -> ToolContract | None:
+        return self.schemas.get((tenant_id, tool))
 
 
 KNOWN = KnownSchemas()
@@ -116,31 +108,32 @@ KNOWN = KnownSchemas()
 class EarlyCheck:
     """The arguments checked before AuthorizeEffect's unit of work began (which, on SQLite,
     holds the database's one write lock), against the schema of ``revision`` of the tool, the
-    latest this process knew for the caller's tenant. Inside the unit the result stands only
-    for that tenant and that revision, still the latest; otherwise the check runs there as
-    before. ``revision`` 0: nothing was checked early."""
+    latest this process knew for the tenant the caller's token belonged to last time
+    (``CallState.tenant_hint``). Inside the unit the result stands only for that tenant and that
+    revision, still the latest; otherwise the check runs there as before. ``revision`` 0:
+    nothing was checked early."""
 
-    token_hash: str
     tenant_id: str = ""
     revision: int = 0
     violations: tuple[FieldViolation, ...] = ()
     refusal: InvalidArgument | FailedPrecondition | None = None
 
 
-async def early_check(request: AuthorizeRequest, arguments: dict[str, Any], token_hash: str) -> EarlyCheck:
-    """Check the arguments now if this process knows the caller's tenant and the schema of its
-    tool's latest revision (learned from earlier calls); no database read."""
-    known = KNOWN.latest(token_hash, request.tool)
-    if known is None:
-        return EarlyCheck(token_hash)
-    tenant_id, contract = known
+async def early_check(request: AuthorizeRequest, arguments: dict[str, Any]) -> EarlyCheck:
+    """Check the arguments now if this process knows the caller's tenant (the guard's hint) and
+    the schema of its tool's latest revision (learned from earlier calls); no database read."""
+    state = calls.current.get()
+    tenant_id = state.tenant_hint if state is not None else ""
+    contract = KNOWN.latest(tenant_id, request.tool) if tenant_id else None
+    if contract is None:
+        return EarlyCheck()
     try:
         violations = await checked_arguments(contract, arguments, tenant_id)
     except Unavailable:
-        return EarlyCheck(token_hash)  # checked (or refused) inside the unit, as before
+        return EarlyCheck()  # checked (or refused) inside the unit, as before
     except (InvalidArgument, FailedPrecondition) as refusal:
-        return EarlyCheck(token_hash, tenant_id, contract.revision, refusal=refusal)
-    return EarlyCheck(token_hash, tenant_id, contract.revision, tuple(violations))
+        return EarlyCheck(tenant_id, contract.revision, refusal=refusal)
+    return EarlyCheck(tenant_id, contract.revision, tuple(violations))
 
 
 async def schema_verdict(
@@ -408,8 +401,7 @@ class Authorizer:
             raise NotFound("run", request.run_id)
         effect = adopt_clock(unit, await repo.lock_effect_by_key(connection, tenant, request.idempotency_key))
         current = await repo.latest_contract(connection, tenant, request.tool)
-        if early is not None:
-            KNOWN.learn(early.token_hash, tenant, request.tool, current)
+        KNOWN.learn(tenant, request.tool, current)
         if effect is not None:
             await expire_leases(unit, tenant, effect, principal.principal_id)
             pinned = (

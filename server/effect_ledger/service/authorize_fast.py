@@ -80,8 +80,7 @@ async def _intent_facts(
     """As ``Gate._intent_facts``, from facts already read."""
     run, effect, current = facts.run, facts.effect, facts.current
     assert run is not None and facts.now is not None
-    if early is not None:
-        KNOWN.learn(early.token_hash, tenant_id, request.tool, current)
+    KNOWN.learn(tenant_id, request.tool, current)
     if effect is not None:
         if any(lifecycle.lease_expired(attempt, facts.now) for attempt in effect.attempts):
             raise Fallback("a lease ran out: the general path records the expiry")

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import time
 from collections import OrderedDict
@@ -49,6 +48,7 @@ import grpc
 from effect_ledger import faults
 from effect_ledger.config import Limits
 from effect_ledger.domain.model import Principal
+from effect_ledger.domain.tokens import token_hash
 from effect_ledger.errors import (
     DeadlineExceeded,
     LedgerError,
@@ -101,13 +101,13 @@ class RateLimiter:
         self.rate = rate
         self.burst = max(1, burst)
         self.clock = clock
-        self.buckets: OrderedDict[bytes, tuple[float, float]] = OrderedDict()
+        self.buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
 
-    def wait_ms(self, token: str) -> int:
-        """0 when the call may go ahead (and is counted); otherwise how long until it may."""
+    def wait_ms(self, key: str) -> int:
+        """0 when the call may go ahead (and is counted); otherwise how long until it may.
+        ``key``: the token's hash."""
         if self.rate <= 0:
             return 0
-        key = hashlib.sha256(token.encode("utf-8")).digest()
         now = self.clock()
         level, last = self.buckets.pop(key, (float(self.burst), now))
         level = min(float(self.burst), level + (now - last) * self.rate)
@@ -245,7 +245,7 @@ class Guard(grpc.aio.ServerInterceptor):
         self.tenants = TenantSlots(limits.calls_per_tenant_max)
         # The tenant of each token that checked out recently (by the token's hash; the least
         # recently used beyond RATE_BUCKETS_MAX forgotten): a token belongs to one tenant for life.
-        self.token_tenants: OrderedDict[bytes, str] = OrderedDict()
+        self.token_tenants: OrderedDict[str, str] = OrderedDict()
         self.watchers = TenantSlots(WATCHERS_PER_TENANT_MAX, "WatchApprovals streams", "watchers_per_tenant_max")
 
     async def intercept_service(self, continuation, handler_call_details):
@@ -286,8 +286,9 @@ class Guard(grpc.aio.ServerInterceptor):
     def _admitted(self, token: str | None, state: GuardedCall):
         """The call's global slot; its tenant's slot is taken once its tenant is known
         (``GuardedCall``) and given back here with the global one."""
-        if token is not None:
-            wait_ms = self.rates.wait_ms(token)
+        key = token_hash(token) if token is not None else None
+        if key is not None:
+            wait_ms = self.rates.wait_ms(key)
             if wait_ms:
                 raise ResourceExhausted(
                     f"at most {self.rates.rate:g} requests per second per token (bursts of {self.rates.burst})",
@@ -305,9 +306,9 @@ class Guard(grpc.aio.ServerInterceptor):
                 metadata={"maximum_concurrent_rpcs": str(self.maximum_concurrent_rpcs)},
             )
         self.in_flight += 1
-        key = hashlib.sha256(token.encode("utf-8")).digest() if token is not None else None
         hinted = self.token_tenants.get(key) if key is not None else None
         if hinted is not None:
+            state.tenant_hint = hinted
             state.claim(hinted)
         try:
             yield

@@ -263,7 +263,7 @@ class GateServicer(gate_pb2_grpc.GateServicer):
         )
         arguments = validate_authorize(command, self.app.limits)
         # Before any transaction: a costly check never holds the database (service/authorize.py).
-        early = await early_check(command, arguments, token_hash(bearer_token(context)))
+        early = await early_check(command, arguments)
         if self.app.database.dialect == "postgresql":
             try:
                 result = await self.app.call_driver(
