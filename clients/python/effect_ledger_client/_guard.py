@@ -6,13 +6,16 @@ from __future__ import annotations
 import datetime
 import inspect
 import json
+import logging
 import random
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from effect_ledger_client.outcomes import (
     AlreadySucceeded,
     ApprovalDenied,
+    ApprovalTimeout,
     Denied,
     Receipt,
     ReconcileRequired,
@@ -94,6 +97,25 @@ def settle_answer(response, denied_approval_id: str | None = None):
 
 def watch_request(run_id: str, tool: str, after_sequence: int) -> approvals_pb2.WatchApprovalsRequest:
     return approvals_pb2.WatchApprovalsRequest(after_sequence=after_sequence, run_id=run_id, tool=tool)
+
+
+def watch_remaining(deadline: float, approval_id: str, timeout_seconds: float) -> float:
+    """Seconds left to wait for the approval; ApprovalTimeout when none are."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise ApprovalTimeout(approval_id, timeout_seconds)
+    return remaining
+
+
+def watch_pause(error: Exception, failures: int, deadline: float, approval_id: str, timeout_seconds: float) -> float:
+    """After the server was unavailable (``failures`` times in a row): how long to wait before
+    watching again; ApprovalTimeout (caused by ``error``) when the deadline has passed."""
+    try:
+        remaining = watch_remaining(deadline, approval_id, timeout_seconds)
+    except ApprovalTimeout as timeout:
+        raise timeout from error
+    logging.getLogger("effect_ledger_client").warning("approval %s: watching again after %r", approval_id, error)
+    return watch_backoff_seconds(failures, remaining)
 
 
 def watch_backoff_seconds(failures: int, remaining_seconds: float) -> float:

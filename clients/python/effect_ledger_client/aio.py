@@ -274,9 +274,7 @@ class AsyncGuard:
                 state = (await approvals.GetApproval(get)).state
                 if state != _guard.PENDING:
                     return state
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise ApprovalTimeout(approval_id, self._approval_timeout_seconds)
+                remaining = _guard.watch_remaining(deadline, approval_id, self._approval_timeout_seconds)
                 stream = approvals.WatchApprovals(
                     _guard.watch_request(self._request.run_id, self._request.tool, after_sequence), timeout=remaining
                 )
@@ -290,8 +288,6 @@ class AsyncGuard:
                     pass
             except Unavailable as error:
                 failures += 1
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise ApprovalTimeout(approval_id, self._approval_timeout_seconds) from error
-                log.warning("approval %s: watching again after %r", approval_id, error)
-                await asyncio.sleep(_guard.watch_backoff_seconds(failures, remaining))
+                await asyncio.sleep(
+                    _guard.watch_pause(error, failures, deadline, approval_id, self._approval_timeout_seconds)
+                )

@@ -293,9 +293,7 @@ class Guard:
                 state = approvals.GetApproval(get).state
                 if state != _guard.PENDING:
                     return state
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise ApprovalTimeout(approval_id, self._approval_timeout_seconds)
+                remaining = _guard.watch_remaining(deadline, approval_id, self._approval_timeout_seconds)
                 stream = approvals.WatchApprovals(
                     _guard.watch_request(self._request.run_id, self._request.tool, after_sequence), timeout=remaining
                 )
@@ -309,8 +307,4 @@ class Guard:
                     pass
             except Unavailable as error:
                 failures += 1
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise ApprovalTimeout(approval_id, self._approval_timeout_seconds) from error
-                log.warning("approval %s: watching again after %r", approval_id, error)
-                time.sleep(_guard.watch_backoff_seconds(failures, remaining))
+                time.sleep(_guard.watch_pause(error, failures, deadline, approval_id, self._approval_timeout_seconds))
