@@ -40,6 +40,15 @@ def drop_pg_database(url: str) -> None:
         connection.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def allow_connections(name: str, allowed: bool) -> None:
+    """Let a database take connections again, or refuse them and end the ones it has (an outage
+    as the server sees it, without stopping PostgreSQL)."""
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as connection:
+        connection.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {"true" if allowed else "false"}')
+        if not allowed:
+            connection.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+
+
 def psycopg_url(url: str) -> str:
     return url.replace("postgresql+psycopg://", "postgresql://")
 
@@ -118,7 +127,10 @@ class ServerProcess:
         return False
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:] if self.log_path else ""
+        return self.full_log()[-4000:]
+
+    def full_log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path else ""
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:

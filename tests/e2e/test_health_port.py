@@ -18,13 +18,12 @@ import time
 from dataclasses import dataclass
 
 import grpc
-import psycopg
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from effect_ledger.transport.server import HEALTH_RESERVE_RPCS, LIVENESS_SERVICE_NAME
-from support import PG_ADMIN_URL, ServerProcess, create_pg_database, drop_pg_database, migrate
+from support import ServerProcess, allow_connections, create_pg_database, drop_pg_database, migrate
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -78,9 +77,6 @@ class HealthPortServer(ServerProcess):
         with grpc.insecure_channel(self.health_target) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             return stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout).status
-
-    def full_log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path else ""
 
 
 @pytest.fixture(scope="module")
@@ -173,13 +169,6 @@ def test_after_sigterm_the_health_port_says_not_serving_as_the_main_port_does(sq
         assert check_or_none(server.health_target) is None  # gone with the server
     finally:
         server.stop()
-
-
-def allow_connections(name: str, allowed: bool) -> None:
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as connection:
-        connection.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {"true" if allowed else "false"}')
-        if not allowed:
-            connection.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
 
 
 @pytest.fixture

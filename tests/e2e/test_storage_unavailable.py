@@ -15,8 +15,8 @@ from grpc_health.v1 import health_pb2
 from effect_ledger import errors
 from effectledger.v1 import gate_pb2, gate_pb2_grpc
 from support import (
-    PG_ADMIN_URL,
     ServerProcess,
+    allow_connections,
     authorize_request,
     contract,
     create_pg_database,
@@ -36,13 +36,6 @@ HEALTH_DEADLINE_SECONDS = 8.0
 LOG_WAIT_SECONDS = 10.0
 AUTHORIZE = "effectledger.v1.Gate/AuthorizeEffect"
 TRACED_KEY = "k-outage-traced"
-
-
-def allow_connections(name: str, allowed: bool) -> None:
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as connection:
-        connection.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {"true" if allowed else "false"}')
-        if not allowed:
-            connection.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
 
 
 def health_or_none(server: ServerProcess):

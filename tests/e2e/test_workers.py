@@ -163,10 +163,6 @@ def wait_for(condition, timeout: float, what: str):
     raise AssertionError(f"not within {timeout} s: {what}")
 
 
-def full_log(server: ServerProcess) -> str:
-    return server.log_path.read_text(errors="replace")
-
-
 def new_key(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
@@ -218,7 +214,7 @@ def test_two_workers_share_one_port_and_both_answer_calls(cluster):
     server = cluster.server
     pids = worker_pids(server.process.pid)
     assert sorted(pids) == [0, 1] and len(set(pids.values())) == WORKERS
-    log = full_log(server)
+    log = server.full_log()
     for index, pid in pids.items():
         assert f"[worker {index} pid {pid}]" in log
     before = server_connections(pids, server.port)
@@ -274,7 +270,7 @@ def test_sighup_reloads_the_policy_in_every_worker_and_stops_none(cluster):
     server.process.send_signal(signal.SIGHUP)
     for index, pid in pids.items():
         line = f"[worker {index} pid {pid}] effect_ledger.policy.embedded policy reloaded, revision {revision}"
-        wait_for(lambda line=line: line in full_log(server), 10, f"worker {index} reloads")
+        wait_for(lambda line=line: line in server.full_log(), 10, f"worker {index} reloads")
     assert worker_pids(server.process.pid) == pids
     requests = [authorize_request(cluster.run_id, new_key(f"after-{n}")) for n in range(CHANNELS)]
     before = server_connections(pids, server.port)
@@ -306,11 +302,11 @@ def test_a_killed_worker_is_replaced_and_its_replacement_sweeps_leases(cluster):
         if current.get(0) in (None, pids[0]):
             return None
         line = f"worker 0 (pid {current[0]}) serving on port {server.port}, running the lease sweeper"
-        return current if line in full_log(server) else None
+        return current if line in server.full_log() else None
 
     replaced = wait_for(replacement_serving, REPLACEMENT_WITHIN_SECONDS, "a new worker 0 serves")
     assert replaced[1] == pids[1]
-    log = full_log(server)
+    log = server.full_log()
     assert f"worker 0 (pid {pids[0]}) exited with signal SIGKILL" in log
     assert f"worker 1 (pid {pids[1]}) serving on port {server.port}\n" in log  # no sweeper there
     requests = [authorize_request(cluster.run_id, new_key(f"replaced-{n}")) for n in range(CHANNELS)]
@@ -354,7 +350,7 @@ def test_sigterm_stops_every_worker_within_grace(cluster):
     assert time.monotonic() - signalled < STOP_WITHIN_SECONDS
     for pid in pids.values():
         assert not os.path.exists(f"/proc/{pid}"), f"worker {pid} outlived its supervisor"
-    log = full_log(server)
+    log = server.full_log()
     for index, pid in pids.items():
         assert f"[worker {index} pid {pid}] effect_ledger.transport.workers shutting down (grace 1.0 s)" in log
     assert "every worker stopped" in log and "still running after its grace" not in log
@@ -387,7 +383,7 @@ def test_a_worker_that_cannot_start_fails_the_supervisor(database, tmp_path):
     server = ServerProcess(database, workers=WORKERS, extra_args=["--policy-dir", str(policy_folder)])
     with pytest.raises(RuntimeError, match="server exited with 1"):
         server.start()
-    log = full_log(server)
+    log = server.full_log()
     assert "before serving; stopping the other workers" in log
     assert "serving on port" not in log and "every worker stopped" in log
 
@@ -410,7 +406,7 @@ def test_a_worker_that_keeps_dying_stops_the_server_with_status_1(database):
             wait_for(lambda: process_state(pid) in ("Z", "gone"), 10, "the killed worker has exited")  # noqa: B023
         assert server.process.wait(timeout=STOP_WITHIN_SECONDS + 5) == 1
         assert len(killed) == RESTARTS_MAX + 1
-        log = full_log(server)
+        log = server.full_log()
         assert f"after {RESTARTS_MAX} restarts within 60 s: giving up" in log
         assert f"[worker 1 pid {survivor}] effect_ledger.transport.workers shutting down" in log
         assert "every worker stopped" in log and process_state(survivor) == "gone"
