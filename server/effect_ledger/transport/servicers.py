@@ -90,6 +90,14 @@ class Application:
 
         return await self.database.run(work, read_clock=False)
 
+    async def caller_holding(self, context: grpc.aio.ServicerContext, allowed: frozenset[Role]) -> Principal | None:
+        """The caller, authenticated, when it holds one of ``allowed``; None when it holds none
+        (``call`` then refuses it). For work done before a call's unit of work, so that only a
+        caller entitled to the call can have it done."""
+        principal = await self.authenticate(bearer_token(context), peer.client_subject(context))
+        guard.authenticated_as(principal)
+        return principal if principal.has_any(allowed) else None
+
     async def call_driver(
         self,
         context: grpc.aio.ServicerContext,
@@ -141,9 +149,8 @@ class ToolRegistryServicer(tools_pb2_grpc.ToolRegistryServicer):
         if proposed.arguments_schema is not None:
             # Checked in a worker process before the unit of work (RE2 compiles each pattern: the
             # largest schema the limits allow takes up to seconds), once the caller is known.
-            principal = await self.app.authenticate(bearer_token(context), peer.client_subject(context))
-            guard.authenticated_as(principal)
-            if principal.has_any(roles.of("ToolRegistry", "PutToolContract")):
+            principal = await self.app.caller_holding(context, roles.of("ToolRegistry", "PutToolContract"))
+            if principal is not None:
                 problems = await argument_checks.CHECKER.schema_problems(proposed.arguments_schema, principal.tenant_id)
         contract = await self.app.call(
             context,

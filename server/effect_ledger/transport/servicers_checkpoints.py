@@ -12,8 +12,8 @@ from effect_ledger.errors import InvalidArgument, LedgerError
 from effect_ledger.policy.engine import PolicyEngine
 from effect_ledger.service import checkpoints
 from effect_ledger.storage.checkpoint_store import ArtifactRow, CheckpointRecord
-from effect_ledger.transport import guard, mapping, peer, roles, status
-from effect_ledger.transport.servicers import Application, bearer_token, encode_token
+from effect_ledger.transport import mapping, roles, status
+from effect_ledger.transport.servicers import Application, encode_token
 from effectledger.v1 import checkpoints_pb2, checkpoints_pb2_grpc
 
 CHUNK_BYTES = 64 * 1024
@@ -270,10 +270,9 @@ class CheckpointsServicer(checkpoints_pb2_grpc.CheckpointsServicer):
         try:
             # Verified before the unit of work, off the event loop, once the caller is known to
             # hold the role (service/checkpoints.py: check_archive).
-            principal = await self.app.authenticate(bearer_token(context), peer.client_subject(context))
-            guard.authenticated_as(principal)
+            principal = await self.app.caller_holding(context, roles.of("Checkpoints", "ImportCheckpoint"))
             checked = None
-            if principal.has_any(roles.of("Checkpoints", "ImportCheckpoint")):
+            if principal is not None:
                 checked = await checkpoints.check_archive(
                     self.app.database, principal.tenant_id, data, self.keys, expected, allow_unsigned
                 )
