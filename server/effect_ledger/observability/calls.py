@@ -45,6 +45,11 @@ class CallState:
     # The call's trace (hex), when tracing is on.
     trace_id: str = ""
 
+    def identify(self, tenant_id: str, principal_id: str) -> None:
+        """The call is made by this principal (its token checked out)."""
+        self.tenant_id = tenant_id
+        self.caller_id = principal_id
+
 
 current: ContextVar[CallState | None] = ContextVar("effect_ledger_call", default=None)
 
@@ -53,8 +58,7 @@ def identify(tenant_id: str, principal_id: str) -> None:
     """The call in progress is made by this principal (its token checked out)."""
     state = current.get()
     if state is not None:
-        state.tenant_id = tenant_id
-        state.caller_id = principal_id
+        state.identify(tenant_id, principal_id)
 
 
 def new_request_id() -> str:

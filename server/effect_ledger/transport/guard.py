@@ -15,8 +15,8 @@
   reflection are never counted or refused.
 - **A tenant's share.** A call's tenant is known only once its token is checked (by the guard
   for a stream; inside the call's unit of work, or a fast path's first round trip, for a unary
-  call). At that moment (``authenticated_as``, ``calls.identify``: both set the call state's
-  tenant) the call takes one of its tenant's slots, or is refused with TENANT_BUSY; it gives
+  call). At that moment (``authenticated_as`` and ``calls.identify`` both call
+  ``CallState.identify``, which ``GuardedCall`` extends) the call takes one of its tenant's slots, or is refused with TENANT_BUSY; it gives
   the slot back when it ends, however it ends. So one tenant's slow calls hold at most its
   share of the process's slots, never all of them. A token this process has seen check out
   takes its tenant's slot at admission already, when one is free (``GuardedCall.claim``), so
@@ -153,31 +153,25 @@ class TenantSlots:
 
 
 class GuardedCall(CallState):
-    """A guarded call's state. The first time its tenant is set (the call's token checked out,
-    on whatever path), the call takes one of the tenant's slots, or the setting raises
-    TENANT_BUSY; ``release`` gives the slot back and ends the counting (the guard's own
-    identification of a failed call, afterwards, takes nothing)."""
+    """A guarded call's state. When the call is identified (its token checked out, on whatever
+    path), it takes one of its tenant's slots, or TENANT_BUSY is raised; ``release`` gives the
+    slot back and ends the counting (the guard's own identification of a failed call,
+    afterwards, takes nothing)."""
 
     def __init__(self, method: str, request_id: str, tenants: TenantSlots | None) -> None:
-        self._tenant_id = ""
+        super().__init__(method=method, request_id=request_id)
         self._tenants = tenants
         self._held: str | None = None
-        super().__init__(method=method, request_id=request_id)
 
-    @property  # type: ignore[override]
-    def tenant_id(self) -> str:
-        return self._tenant_id
-
-    @tenant_id.setter
-    def tenant_id(self, value: str) -> None:
-        self._tenant_id = value
-        if not value or self._tenants is None or self._held == value:
+    def identify(self, tenant_id: str, principal_id: str) -> None:
+        super().identify(tenant_id, principal_id)
+        if not tenant_id or self._tenants is None or self._held == tenant_id:
             return
         if self._held is not None:  # claimed for another tenant: a hint that was wrong
             self._tenants.give_back(self._held)
             self._held = None
-        self._tenants.take(value)
-        self._held = value
+        self._tenants.take(tenant_id)
+        self._held = tenant_id
 
     def claim(self, tenant_id: str) -> None:
         """Before the token is checked: take a slot of the tenant the token belonged to when
@@ -202,8 +196,7 @@ def authenticated_as(principal: Principal) -> None:
     state = calls.current.get()
     if state is not None:
         state.principal_id = principal.principal_id
-        state.caller_id = principal.principal_id
-        state.tenant_id = principal.tenant_id  # last: it may refuse the call (GuardedCall)
+        state.identify(principal.tenant_id, principal.principal_id)  # may refuse the call (GuardedCall)
 
 
 def bearer_token(metadata: Any) -> str | None:
